@@ -1,0 +1,5 @@
+//! TensorFS: model checkpoints stored once in a content-addressed chunk store and shown as
+//! ordinary Diffusers and Transformers folders through FUSE.
+#![deny(missing_docs)]
+
+pub mod format;
