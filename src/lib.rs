@@ -3,3 +3,6 @@
 #![deny(missing_docs)]
 
 pub mod format;
+pub mod store;
+pub mod layout;
+pub mod io;

@@ -3,8 +3,19 @@
 //! [`parse`] reads RFC 8259 JSON from UTF-8 bytes and refuses a repeated key in any object,
 //! `NaN`/`Infinity`, and integers outside [−2^63, 2^64). Numbers with a fraction or exponent
 //! are [`Json::Float`]; documents (trees, repos) refuse them, configs keep them.
+//!
+//! The parser is our own rather than serde_json's: only the number's spelling tells an
+//! out-of-range integer (refused) from a float with an exponent (kept), and serde_json without
+//! `arbitrary_precision` hands both over as the same `f64`.
 
-use super::{FormatResult, Value};
+use std::collections::HashSet;
+use std::fmt::Write as _;
+
+use super::{FormatError, FormatResult, Value};
+
+/// Deepest array/object nesting [`parse`] accepts (serde_json's default); bounds recursion on
+/// hostile input.
+pub const MAX_DEPTH: usize = 128;
 
 /// A parsed JSON value; objects keep document order.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,42 +38,968 @@ pub enum Json {
     Object(Vec<(String, Json)>),
 }
 
+impl Json {
+    /// The name of this value's JSON type, for messages about a field of the wrong type.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Json::Null => "null",
+            Json::Bool(_) => "a boolean",
+            Json::Uint(_) | Json::Int(_) => "an integer",
+            Json::Float(_) => "a number with a fraction or exponent",
+            Json::Text(_) => "a string",
+            Json::Array(_) => "an array",
+            Json::Object(_) => "an object",
+        }
+    }
+
+    /// The value of `key`, if this is an object holding it.
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Object(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+}
+
 /// Parses one JSON value spanning `bytes` (surrounding whitespace allowed).
 ///
 /// # Errors
 /// [`super::FormatError::Encoding`] for invalid UTF-8 or JSON (with line and column), a
 /// repeated key (naming it), a non-finite or out-of-range number.
 pub fn parse(bytes: &[u8]) -> FormatResult<Json> {
-    let _ = bytes;
-    todo!("json parse")
+    if let Err(e) = std::str::from_utf8(bytes) {
+        let at = e.valid_up_to();
+        return Err(FormatError::Encoding(format!(
+            "invalid JSON: not UTF-8 at {}",
+            position(bytes, at)
+        )));
+    }
+    let mut parser = Parser { bytes, pos: 0 };
+    parser.skip_ws();
+    let result = parser.value(0).and_then(|value| {
+        parser.skip_ws();
+        if parser.pos < bytes.len() {
+            return Err(parser.fail("trailing characters after the JSON value"));
+        }
+        Ok(value)
+    });
+    result.map_err(|e| {
+        let mut path = String::from("$");
+        for seg in e.path.iter().rev() {
+            path.push_str(seg);
+        }
+        FormatError::Encoding(format!(
+            "invalid JSON at {path} ({}): {}",
+            position(bytes, e.pos),
+            e.message
+        ))
+    })
+}
+
+/// `line L, column C` (both from 1; the column counts characters) of byte offset `at`.
+fn position(bytes: &[u8], at: usize) -> String {
+    let before = &bytes[..at.min(bytes.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    // Continuation bytes do not start a character.
+    let column = before[line_start..]
+        .iter()
+        .filter(|&&b| b & 0xC0 != 0x80)
+        .count()
+        + 1;
+    format!("line {line}, column {column}")
+}
+
+/// A parse failure on its way out: the path is collected innermost first as the recursion
+/// unwinds, so a successful parse never pays for it.
+struct ParseError {
+    message: String,
+    pos: usize,
+    path: Vec<String>,
+}
+
+impl ParseError {
+    fn within(mut self, segment: String) -> ParseError {
+        self.path.push(segment);
+        self
+    }
+}
+
+type ParseResult<T> = Result<T, ParseError>;
+
+/// A path segment for a key: `.key` when it reads unambiguously, else `["key"]`.
+fn key_segment(key: &str) -> String {
+    let plain = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
+    if plain {
+        format!(".{key}")
+    } else {
+        format!("[{key:?}]")
+    }
+}
+
+/// Objects with more entries than this check repeated keys with a hash set; smaller ones scan,
+/// which is cheaper than hashing for the few keys most objects hold.
+const SCAN_KEYS: usize = 8;
+
+/// A recursive-descent parser over input already known to be UTF-8, so any slice between ASCII
+/// delimiters is valid text.
+struct Parser<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn fail(&self, message: impl Into<String>) -> ParseError {
+        self.fail_at(self.pos, message)
+    }
+
+    fn fail_at(&self, pos: usize, message: impl Into<String>) -> ParseError {
+        ParseError {
+            message: message.into(),
+            pos,
+            path: Vec::new(),
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn expect_literal(&mut self, literal: &[u8], value: Json) -> ParseResult<Json> {
+        if self.bytes[self.pos..].starts_with(literal) {
+            self.pos += literal.len();
+            Ok(value)
+        } else {
+            Err(self.fail("expected a JSON value"))
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> ParseResult<Json> {
+        match self.peek() {
+            None => Err(self.fail("unexpected end of input, expected a value")),
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => self.string().map(Json::Text),
+            Some(b't') => self.expect_literal(b"true", Json::Bool(true)),
+            Some(b'f') => self.expect_literal(b"false", Json::Bool(false)),
+            Some(b'n') => self.expect_literal(b"null", Json::Null),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b'N' | b'I') => Err(self.fail("NaN and Infinity are not JSON numbers")),
+            Some(_) => Err(self.fail("expected a JSON value")),
+        }
+    }
+
+    fn enter(&self, depth: usize) -> ParseResult<()> {
+        if depth > MAX_DEPTH {
+            Err(self.fail(format!("nested deeper than {MAX_DEPTH} levels")))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> ParseResult<Json> {
+        self.enter(depth)?;
+        self.pos += 1;
+        let mut items = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(Json::Array(items));
+        }
+        loop {
+            let item = self
+                .value(depth)
+                .map_err(|e| e.within(format!("[{}]", items.len())))?;
+            items.push(item);
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Json::Array(items));
+                }
+                _ => return Err(self.fail("expected ',' or ']' in an array")),
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> ParseResult<Json> {
+        self.enter(depth)?;
+        self.pos += 1;
+        let mut entries: Vec<(String, Json)> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Json::Object(entries));
+        }
+        loop {
+            if self.peek() != Some(b'"') {
+                return Err(self.fail("expected a string key in an object"));
+            }
+            let key_pos = self.pos;
+            let key = self.string()?;
+            let repeated = if entries.len() < SCAN_KEYS {
+                entries.iter().any(|(k, _)| *k == key)
+            } else {
+                if seen.is_empty() {
+                    seen.extend(entries.iter().map(|(k, _)| k.clone()));
+                }
+                !seen.insert(key.clone())
+            };
+            if repeated {
+                return Err(self.fail_at(key_pos, format!("repeated key {key:?} in an object")));
+            }
+            self.skip_ws();
+            if self.peek() != Some(b':') {
+                return Err(self.fail("expected ':' after an object key"));
+            }
+            self.pos += 1;
+            self.skip_ws();
+            let value = match self.value(depth) {
+                Ok(value) => value,
+                Err(e) => return Err(e.within(key_segment(&key))),
+            };
+            entries.push((key, value));
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(Json::Object(entries));
+                }
+                _ => return Err(self.fail("expected ',' or '}' in an object")),
+            }
+        }
+    }
+
+    fn hex4(&mut self) -> ParseResult<u32> {
+        let digits = self
+            .bytes
+            .get(self.pos..self.pos + 4)
+            .ok_or_else(|| self.fail("truncated \\u escape"))?;
+        let mut code = 0u32;
+        for &d in digits {
+            let v = (d as char)
+                .to_digit(16)
+                .ok_or_else(|| self.fail("a \\u escape needs four hex digits"))?;
+            code = code * 16 + v;
+        }
+        self.pos += 4;
+        Ok(code)
+    }
+
+    fn string(&mut self) -> ParseResult<String> {
+        let start = self.pos;
+        self.pos += 1;
+        let mut out = String::new();
+        loop {
+            let run = self.pos;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            // Input is valid UTF-8 and the run stops only at ASCII bytes.
+            out.push_str(std::str::from_utf8(&self.bytes[run..self.pos]).expect("utf-8 run"));
+            match self.peek() {
+                None => return Err(self.fail_at(start, "unterminated string")),
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    let escape_pos = self.pos;
+                    self.pos += 1;
+                    let Some(e) = self.peek() else {
+                        return Err(self.fail_at(start, "unterminated string"));
+                    };
+                    self.pos += 1;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => out.push(self.unicode_escape(escape_pos)?),
+                        _ => return Err(self.fail_at(escape_pos, "invalid escape in a string")),
+                    }
+                }
+                Some(_) => {
+                    return Err(self.fail("a control character must be escaped in a string"))
+                }
+            }
+        }
+    }
+
+    /// The character of a `\u` escape (its `\u` already read), joining a surrogate pair.
+    fn unicode_escape(&mut self, escape_pos: usize) -> ParseResult<char> {
+        let first = self.hex4()?;
+        let code = match first {
+            0xD800..=0xDBFF => {
+                if !self.bytes[self.pos..].starts_with(b"\\u") {
+                    return Err(self.fail_at(escape_pos, "lone leading surrogate in a \\u escape"));
+                }
+                self.pos += 2;
+                let second = self.hex4()?;
+                if !(0xDC00..=0xDFFF).contains(&second) {
+                    return Err(self.fail_at(escape_pos, "lone leading surrogate in a \\u escape"));
+                }
+                0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00)
+            }
+            0xDC00..=0xDFFF => {
+                return Err(self.fail_at(escape_pos, "lone trailing surrogate in a \\u escape"))
+            }
+            code => code,
+        };
+        Ok(char::from_u32(code).expect("a scalar value"))
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> ParseResult<Json> {
+        let start = self.pos;
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.pos += 1;
+        }
+        let int_start = self.pos;
+        match self.peek() {
+            Some(b'0') => {
+                self.pos += 1;
+                if let Some(b'0'..=b'9') = self.peek() {
+                    return Err(self.fail_at(int_start, "a number has no leading zeros"));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            Some(b'I') => return Err(self.fail_at(start, "Infinity is not a JSON number")),
+            _ => return Err(self.fail("expected a digit")),
+        }
+        let int_end = self.pos;
+        let mut float = false;
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            if self.digits() == 0 {
+                return Err(self.fail("expected a digit after the decimal point"));
+            }
+            float = true;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.fail("expected a digit in the exponent"));
+            }
+            float = true;
+        }
+        let text = std::str::from_utf8(&self.bytes[start..self.pos]).expect("ascii");
+        if float {
+            // std's parse is correctly rounded, so every float reads back exactly.
+            let value: f64 = text.parse().expect("a JSON number is a Rust float");
+            if !value.is_finite() {
+                return Err(self.fail_at(start, format!("{text} is out of the float range")));
+            }
+            return Ok(Json::Float(value));
+        }
+        let digits = std::str::from_utf8(&self.bytes[int_start..int_end]).expect("ascii");
+        let out_of_range = || {
+            self.fail_at(
+                start,
+                format!("integer {text} is outside [-2^63, 2^64) (spec §2)"),
+            )
+        };
+        let magnitude: u64 = digits.parse().map_err(|_| out_of_range())?;
+        if !negative || magnitude == 0 {
+            Ok(Json::Uint(magnitude))
+        } else if magnitude <= 1 << 63 {
+            Ok(Json::Int((magnitude as i64).wrapping_neg()))
+        } else {
+            Err(out_of_range())
+        }
+    }
 }
 
 /// The canonical form of a document (spec §9): keys sorted by UTF-8 bytes, no whitespace,
 /// shortest integers, the spec's string escapes.
 ///
 /// # Errors
-/// A [`Json::Float`] or [`Json::Null`] anywhere (documents hold neither).
+/// A [`Json::Float`] or [`Json::Null`] anywhere (documents hold neither), or an object that
+/// repeats a key (only a hand-built value can).
 pub fn canonical(json: &Json) -> FormatResult<String> {
-    let _ = json;
-    todo!("canonical json")
+    let mut out = String::new();
+    write_canonical(json, &mut out).map_err(|(message, mut path)| {
+        path.push("$".into());
+        path.reverse();
+        FormatError::Invalid(format!("{} {message}", path.concat()))
+    })?;
+    Ok(out)
+}
+
+fn write_canonical(json: &Json, out: &mut String) -> Result<(), (String, Vec<String>)> {
+    match json {
+        Json::Null => return Err(("is null, which a document cannot hold".into(), vec![])),
+        Json::Float(f) => {
+            return Err((
+                format!("is the float {f}, which a document cannot hold"),
+                vec![],
+            ))
+        }
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Uint(n) => write!(out, "{n}").expect("write to string"),
+        Json::Int(n) => write!(out, "{n}").expect("write to string"),
+        Json::Text(text) => write_string(text, out),
+        Json::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out).map_err(|(m, mut p)| {
+                    p.push(format!("[{i}]"));
+                    (m, p)
+                })?;
+            }
+            out.push(']');
+        }
+        Json::Object(entries) => {
+            let mut sorted: Vec<&(String, Json)> = entries.iter().collect();
+            sorted.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            if let Some(w) = sorted.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err((format!("repeats the key {:?}", w[0].0), vec![]));
+            }
+            out.push('{');
+            for (i, (key, value)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(key, out);
+                out.push(':');
+                write_canonical(value, out).map_err(|(m, mut p)| {
+                    p.push(key_segment(key));
+                    (m, p)
+                })?;
+            }
+            out.push('}');
+        }
+    }
+    Ok(())
+}
+
+/// A JSON string as spec §9 (and serde_json, and so the safetensors library) writes it: `"`
+/// and `\` escaped, the five short control escapes, other controls below U+0020 as `\u00xx`,
+/// everything else raw.
+pub(crate) fn write_string(text: &str, out: &mut String) {
+    out.push('"');
+    let mut run = 0;
+    for (i, b) in text.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            0x09 => "\\t",
+            0x0A => "\\n",
+            0x0C => "\\f",
+            0x0D => "\\r",
+            0x00..=0x1F => "",
+            _ => continue,
+        };
+        out.push_str(&text[run..i]);
+        if escape.is_empty() {
+            write!(out, "\\u{:04x}", b).expect("write to string");
+        } else {
+            out.push_str(escape);
+        }
+        run = i + 1;
+    }
+    out.push_str(&text[run..]);
+    out.push('"');
 }
 
 /// A config as the header holds it: objects become canonical maps, floats and null are kept.
 pub fn to_value(json: &Json) -> Value {
-    let _ = json;
-    todo!("json to value")
+    match json {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Uint(n) => Value::Uint(*n),
+        Json::Int(n) if *n >= 0 => Value::Uint(*n as u64),
+        // CBOR's negative integers store −1 − n, which `!n` is in two's complement.
+        Json::Int(n) => Value::Nint(!*n as u64),
+        Json::Float(f) => Value::Float(*f),
+        Json::Text(t) => Value::Text(t.clone()),
+        Json::Array(items) => Value::Array(items.iter().map(to_value).collect()),
+        Json::Object(entries) => {
+            Value::map(entries.iter().map(|(k, v)| (k.clone(), to_value(v))))
+        }
+    }
 }
 
 /// The JSON of a header value (a config, metadata); byte strings become lowercase hex text.
+///
+/// A [`Value::Nint`] below −2^63, which [`super::cbor::decode`] never yields, becomes the
+/// nearest [`Json::Float`] as JSON has no integer for it here.
 pub fn from_value(value: &Value) -> Json {
-    let _ = value;
-    todo!("value to json")
+    match value {
+        Value::Uint(n) => Json::Uint(*n),
+        Value::Nint(n) => match i64::try_from(*n) {
+            Ok(n) => Json::Int(!n),
+            Err(_) => Json::Float(-1.0 - *n as f64),
+        },
+        Value::Bytes(b) => Json::Text(hex::encode(b)),
+        Value::Text(t) => Json::Text(t.clone()),
+        Value::Array(items) => Json::Array(items.iter().map(from_value).collect()),
+        Value::Map(entries) => Json::Object(
+            entries
+                .iter()
+                .map(|(k, v)| (k.clone(), from_value(v)))
+                .collect(),
+        ),
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Null => Json::Null,
+        Value::Float(f) => Json::Float(*f),
+    }
 }
 
 /// A config file as the Hugging Face libraries write one: Python's
 /// `json.dumps(config, indent=2, sort_keys=True) + "\n"` (ASCII-escaped, floats as Python's
 /// `repr`). Used for configs of checkpoints imported without their original bytes.
+///
+/// Keys sort by code point, which for UTF-8 is byte order, as Python sorts `str` keys.
+/// A non-finite float (which [`parse`] never yields) is written as Python would, `NaN`,
+/// `Infinity` or `-Infinity`.
 pub fn hf_config_text(config: &Json) -> String {
-    let _ = config;
-    todo!("hf config text")
+    let mut out = String::new();
+    write_python(config, 0, &mut out);
+    out.push('\n');
+    out
+}
+
+fn newline_indent(level: usize, out: &mut String) {
+    out.push('\n');
+    for _ in 0..level {
+        out.push_str("  ");
+    }
+}
+
+fn write_python(json: &Json, level: usize, out: &mut String) {
+    match json {
+        Json::Null => out.push_str("null"),
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Uint(n) => write!(out, "{n}").expect("write to string"),
+        Json::Int(n) => write!(out, "{n}").expect("write to string"),
+        Json::Float(f) => out.push_str(&python_float_repr(*f)),
+        Json::Text(t) => write_ascii_string(t, out),
+        Json::Array(items) if items.is_empty() => out.push_str("[]"),
+        Json::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline_indent(level + 1, out);
+                write_python(item, level + 1, out);
+            }
+            newline_indent(level, out);
+            out.push(']');
+        }
+        Json::Object(entries) if entries.is_empty() => out.push_str("{}"),
+        Json::Object(entries) => {
+            let mut sorted: Vec<&(String, Json)> = entries.iter().collect();
+            sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push('{');
+            for (i, (key, value)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline_indent(level + 1, out);
+                write_ascii_string(key, out);
+                out.push_str(": ");
+                write_python(value, level + 1, out);
+            }
+            newline_indent(level, out);
+            out.push('}');
+        }
+    }
+}
+
+/// A string as Python's `json.dumps(..., ensure_ascii=True)` writes it: printable ASCII raw
+/// (but `"` and `\`), the five short control escapes, everything else `\uxxxx` in lowercase
+/// hex, characters past U+FFFF as a UTF-16 surrogate pair.
+fn write_ascii_string(text: &str, out: &mut String) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\u{c}' => out.push_str("\\f"),
+            '\r' => out.push_str("\\r"),
+            ' '..='~' => out.push(c),
+            _ => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    write!(out, "\\u{unit:04x}").expect("write to string");
+                }
+            }
+        }
+    }
+    out.push('"');
+}
+
+/// Python's `repr(float)`: the shortest digits that read back to the same double, in fixed
+/// notation when the decimal exponent (the point's place after the first digit) is in
+/// [−4, 16), else in scientific notation with a signed exponent of at least two digits.
+pub fn python_float_repr(value: f64) -> String {
+    if value.is_nan() {
+        return "NaN".into();
+    }
+    if value.is_infinite() {
+        return if value > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    let sign = if value.is_sign_negative() { "-" } else { "" };
+    // `{:e}` gives the shortest round-trip digits, as `d.ddde±x`.
+    let sci = format!("{:e}", value.abs());
+    let (mantissa, exponent) = sci.split_once('e').expect("LowerExp has an exponent");
+    let exponent: i32 = exponent.parse().expect("LowerExp exponent is an integer");
+    let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
+    let ndigits = digits.len() as i32;
+    // Python's `decpt`: the value is 0.DIGITS × 10^decpt.
+    let decpt = exponent + 1;
+    if (-4 < decpt) && decpt <= 16 {
+        if decpt <= 0 {
+            format!("{sign}0.{}{digits}", "0".repeat((-decpt) as usize))
+        } else if decpt >= ndigits {
+            format!("{sign}{digits}{}.0", "0".repeat((decpt - ndigits) as usize))
+        } else {
+            let (int, frac) = digits.split_at(decpt as usize);
+            format!("{sign}{int}.{frac}")
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let point = if rest.is_empty() { "" } else { "." };
+        let exp_sign = if exponent < 0 { '-' } else { '+' };
+        format!(
+            "{sign}{first}{point}{rest}e{exp_sign}{:02}",
+            exponent.unsigned_abs()
+        )
+    }
+}
+
+/// Refuses what a tree or repo may not hold anywhere, known field or not (spec §9): `null` and
+/// numbers with a fraction or exponent.
+///
+/// # Errors
+/// [`FormatError::Invalid`] naming the first such value's path.
+pub fn check_document_values(json: &Json) -> FormatResult<()> {
+    fn walk(json: &Json, path: &mut Vec<String>) -> Result<(), String> {
+        match json {
+            Json::Null => Err("null".into()),
+            Json::Float(f) => Err(format!("the number {f} with a fraction or exponent")),
+            Json::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    path.push(format!("[{i}]"));
+                    walk(item, path)?;
+                    path.pop();
+                }
+                Ok(())
+            }
+            Json::Object(entries) => {
+                for (key, value) in entries {
+                    path.push(key_segment(key));
+                    walk(value, path)?;
+                    path.pop();
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+    let mut path = vec![String::from("$")];
+    walk(json, &mut path).map_err(|what| {
+        FormatError::Invalid(format!(
+            "{} is {what}, which a document cannot hold (spec §9)",
+            path.concat()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        match parse(text.as_bytes()) {
+            Err(FormatError::Encoding(m)) => m,
+            other => panic!("{text:?} should be refused, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_every_kind_of_value() {
+        let json = parse(br#" {"a": [1, -2, 1.5, true, false, null, "x\u00e9\ud83d\ude00"], "b": {}} "#)
+            .unwrap();
+        assert_eq!(
+            json,
+            Json::Object(vec![
+                (
+                    "a".into(),
+                    Json::Array(vec![
+                        Json::Uint(1),
+                        Json::Int(-2),
+                        Json::Float(1.5),
+                        Json::Bool(true),
+                        Json::Bool(false),
+                        Json::Null,
+                        Json::Text("xé😀".into()),
+                    ])
+                ),
+                ("b".into(), Json::Object(vec![])),
+            ])
+        );
+    }
+
+    #[test]
+    fn integers_at_the_range_limits() {
+        assert_eq!(
+            parse(b"18446744073709551615").unwrap(),
+            Json::Uint(u64::MAX)
+        );
+        assert!(err("18446744073709551616").contains("outside"));
+        assert_eq!(
+            parse(b"-9223372036854775808").unwrap(),
+            Json::Int(i64::MIN)
+        );
+        assert!(err("-9223372036854775809").contains("outside"));
+        assert!(err("-99999999999999999999999").contains("outside"));
+        assert_eq!(parse(b"-0").unwrap(), Json::Uint(0));
+        assert_eq!(parse(b"1e20").unwrap(), Json::Float(1e20));
+        assert_eq!(parse(b"1E+2").unwrap(), Json::Float(100.0));
+        assert_eq!(parse(b"-0.0").unwrap(), Json::Float(-0.0));
+    }
+
+    #[test]
+    fn floats_parse_exactly() {
+        for text in [
+            "0.1",
+            "2.2250738585072014e-308",
+            "1.7976931348623157e308",
+            "5e-324",
+            "0.30000000000000004",
+            "9007199254740993.0",
+        ] {
+            let expected: f64 = text.parse().unwrap();
+            assert_eq!(parse(text.as_bytes()).unwrap(), Json::Float(expected), "{text}");
+        }
+        assert!(err("1e400").contains("float range"));
+        assert_eq!(parse(b"1e-400").unwrap(), Json::Float(0.0));
+    }
+
+    #[test]
+    fn refuses_what_rfc_8259_refuses() {
+        for bad in [
+            "", " ", "NaN", "Infinity", "-Infinity", "nan", "01", "-01", "1.", ".5", "1e", "+1",
+            "0x10", "[1,]", "{\"a\":1,}", "{'a':1}", "{\"a\" 1}", "[1 2]", "\"a", "\"\\x\"",
+            "\"\t\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "tru", "nul", "1 2",
+            "\u{feff}1", "[", "{", "{\"a\":}", "\"\\u12\"", "\"\\u12g4\"",
+        ] {
+            err(bad);
+        }
+        assert!(parse(b"\"\xff\"").is_err());
+        let m = parse(b"{\n  \"a\": \"\xc3\x28\"}").unwrap_err().to_string();
+        assert!(m.contains("UTF-8") && m.contains("line 2, column 9"), "{m}");
+    }
+
+    #[test]
+    fn repeated_keys_are_refused_with_their_path() {
+        let m = err(r#"{"a": {"b": [0, {"k": 1, "k": 2}]}}"#);
+        assert!(m.contains("repeated key \"k\""), "{m}");
+        assert!(m.contains("$.a.b[1]"), "{m}");
+        // Past the scan threshold the hash set takes over.
+        let many: Vec<String> = (0..20).map(|i| format!("\"k{i}\":{i}")).collect();
+        let ok = format!("{{{}}}", many.join(","));
+        assert!(parse(ok.as_bytes()).is_ok());
+        let dup = format!("{{{},\"k3\":0}}", many.join(","));
+        assert!(err(&dup).contains("repeated key \"k3\""));
+        let dup_late = format!("{{{},\"k19\":0}}", many.join(","));
+        assert!(err(&dup_late).contains("repeated key \"k19\""));
+        // A key equal once escapes are read is the same key.
+        assert!(err(r#"{"a":1,"\u0061":2}"#).contains("repeated"));
+    }
+
+    #[test]
+    fn errors_give_line_and_column() {
+        let m = err("{\n  \"a\": 1,\n  \"b\": x\n}");
+        assert!(m.contains("line 3, column 8"), "{m}");
+        assert!(m.contains("$.b"), "{m}");
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(parse(ok.as_bytes()).is_ok());
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(err(&deep).contains("nested deeper"));
+        let hostile = "[".repeat(1_000_000);
+        assert!(parse(hostile.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn canonical_sorts_keys_by_bytes_and_escapes_as_the_spec_says() {
+        let json = parse(
+            "{\"b\":1,\"a\":[-3,true],\"é\":\"\\\"\\\\\\b\\t\\n\\f\\r\\u0001\\u001f\\u007f/é😀\",\"Z\":{}}"
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(
+            canonical(&json).unwrap(),
+            "{\"Z\":{},\"a\":[-3,true],\"b\":1,\"é\":\"\\\"\\\\\\b\\t\\n\\f\\r\\u0001\\u001f\u{7f}/é😀\"}"
+        );
+        assert!(canonical(&Json::Array(vec![Json::Null])).is_err());
+        let m = canonical(&parse(br#"{"a":{"b":[1,2.5]}}"#).unwrap()).unwrap_err();
+        assert!(m.to_string().contains("$.a.b[1]"), "{m}");
+        let dup = Json::Object(vec![("a".into(), Json::Uint(1)), ("a".into(), Json::Uint(2))]);
+        assert!(canonical(&dup).is_err());
+    }
+
+    #[test]
+    fn canonical_strings_match_serde_json() {
+        let mut text = String::new();
+        for c in (0u32..0x250).filter_map(char::from_u32) {
+            text.push(c);
+        }
+        text.push_str("\u{2028}\u{fffd}😀");
+        let mut ours = String::new();
+        write_string(&text, &mut ours);
+        assert_eq!(ours, serde_json::to_string(&text).unwrap());
+    }
+
+    #[test]
+    fn value_conversions_round_trip() {
+        let json = parse(
+            br#"{"zz":1,"a":{"y":[-1,-9223372036854775808,18446744073709551615]},"f":0.5,"n":null,"t":"x","b":false}"#,
+        )
+        .unwrap();
+        let value = to_value(&json);
+        let Value::Map(entries) = &value else {
+            panic!("a map")
+        };
+        let keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "f", "n", "t", "zz"]);
+        assert_eq!(
+            entries[0].1,
+            Value::map([(
+                "y".to_string(),
+                Value::Array(vec![
+                    Value::Nint(0),
+                    Value::Nint(i64::MAX as u64),
+                    Value::Uint(u64::MAX)
+                ])
+            )])
+        );
+        let back = from_value(&value);
+        assert_eq!(back.get("a").unwrap().get("y"), json.get("a").unwrap().get("y"));
+        assert_eq!(back.get("f"), Some(&Json::Float(0.5)));
+        assert_eq!(back.get("n"), Some(&Json::Null));
+        assert_eq!(
+            from_value(&Value::Bytes(vec![0x00, 0xab, 0xff])),
+            Json::Text("00abff".into())
+        );
+        assert_eq!(to_value(&Json::Int(5)), Value::Uint(5));
+    }
+
+    #[test]
+    fn python_float_repr_switches_notation_where_python_does() {
+        for (value, repr) in [
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (100000.0, "100000.0"),
+            (1e15, "1000000000000000.0"),
+            (1e16, "1e+16"),
+            (1.2345e16, "1.2345e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (1e100, "1e+100"),
+            (5e-324, "5e-324"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (-2.5e-5, "-2.5e-05"),
+            (0.30000000000000004, "0.30000000000000004"),
+        ] {
+            assert_eq!(python_float_repr(value), repr, "{value:e}");
+        }
+    }
+
+    #[test]
+    fn hf_config_text_indents_like_python() {
+        let json = parse(
+            r#"{"b":[1,{"y":null,"x":[]}],"a":{},"é":"\u0001\u007fé😀","f":1e-5,"t":true}"#.as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(
+            hf_config_text(&json),
+            "{\n  \"a\": {},\n  \"b\": [\n    1,\n    {\n      \"x\": [],\n      \"y\": null\n    }\n  ],\n  \"f\": 1e-05,\n  \"t\": true,\n  \"\\u00e9\": \"\\u0001\\u007f\\u00e9\\ud83d\\ude00\"\n}\n"
+        );
+        assert_eq!(hf_config_text(&Json::Object(vec![])), "{}\n");
+    }
+
+    /// Cases written by CPython's `json.dumps(indent=2, sort_keys=True)`; see
+    /// `tests/data/json/gen_hf_config.py`.
+    #[test]
+    fn hf_config_text_matches_python_on_golden_cases() {
+        let cases = include_str!("../../tests/data/json/hf_config_cases.jsonl");
+        let mut count = 0;
+        for (line_no, line) in cases.lines().enumerate() {
+            let Json::Array(pair) = parse(line.as_bytes()).unwrap() else {
+                panic!("line {}: not a pair", line_no + 1)
+            };
+            let [Json::Text(input), Json::Text(expected)] = &pair[..] else {
+                panic!("line {}: not two strings", line_no + 1)
+            };
+            let config = parse(input.as_bytes()).unwrap();
+            assert_eq!(hf_config_text(&config), *expected, "line {}", line_no + 1);
+            count += 1;
+        }
+        assert!(count > 400);
+    }
+
+    #[test]
+    fn document_values_refuse_null_and_floats_anywhere() {
+        assert!(check_document_values(&parse(br#"{"a":[1,"x",{"b":true}]}"#).unwrap()).is_ok());
+        let m = check_document_values(&parse(br#"{"x":{"y":[0,null]}}"#).unwrap()).unwrap_err();
+        assert!(m.to_string().contains("$.x.y[1] is null"), "{m}");
+        assert!(check_document_values(&parse(br#"{"x":1.0}"#).unwrap()).is_err());
+    }
 }

@@ -98,6 +98,12 @@ pub struct Hasher {
     length: u64,
 }
 
+impl fmt::Debug for Hasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Hasher({} bytes)", self.length)
+    }
+}
+
 impl Hasher {
     /// A hasher that has seen no bytes.
     pub fn new() -> Hasher {
@@ -108,6 +114,16 @@ impl Hasher {
     pub fn update(&mut self, bytes: &[u8]) {
         self.inner.update(bytes);
         self.length += bytes.len() as u64;
+    }
+
+    /// Bytes fed so far.
+    pub fn len(&self) -> u64 {
+        self.length
+    }
+
+    /// Whether nothing was fed yet.
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
     }
 
     /// The reference of everything fed.

@@ -1,0 +1,225 @@
+//! What a lane folder holds: the files of one commit, each with where its bytes come from.
+//!
+//! A [`LaneView`] is built once per commit from its tree and header and never changes (commits
+//! are immutable). Its files are:
+//! - the tree's repo files (README, LICENSE, images), as their objects;
+//! - each component's assets, in the component's folder, as their objects;
+//! - for a checkpoint this implementation imported, every other source file exactly as it was
+//!   ([`recipe`]: config texts and safetensors headers kept in the header's `source_files`
+//!   metadata, tensor bytes from the chunks);
+//! - for any other checkpoint (one the reference `tfs` imported), `model_index.json`, each
+//!   component's config and one safetensors file per component, written as the Diffusers,
+//!   Transformers and safetensors libraries write them ([`canonical`]).
+//!
+//! Reading a file ([`Content::read_at`]) copies header bytes from memory and tensor bytes from
+//! chunk objects through an [`ObjectSource`], which verifies each object before its first use.
+//! The `fs` layer (mount) and `export` both read through here, so they show the same bytes.
+
+mod canonical;
+mod plan;
+pub mod recipe;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::Arc;
+
+pub use plan::{Segment, SafetensorsPlan};
+
+use crate::format::{Header, ObjectRef, Tree};
+
+/// The component whose folder is the lane root in a model without a pipeline (a Transformers
+/// folder).
+pub const ROOT_COMPONENT: &str = "model";
+/// The pipeline's config file.
+pub const PIPELINE_FILE: &str = "model_index.json";
+/// Header metadata: each component's source safetensors `__metadata__`
+/// (`{component: {key: value}}`), as the reference records it.
+pub const FILE_METADATA: &str = "safetensors_metadata";
+
+/// Why a lane's view cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// Two entries claim one path, or a file and a folder collide (spec §3).
+    #[error("commit {commit}: {path:?} is claimed twice ({why})")]
+    Collision {
+        /// The commit's id.
+        commit: String,
+        /// The contested path.
+        path: String,
+        /// Which entries.
+        why: String,
+    },
+    /// The header's `source_files` or tensors cannot make the file.
+    #[error("commit {commit}: {path}: {why}")]
+    Invalid {
+        /// The commit's id.
+        commit: String,
+        /// The file being laid out.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Reads byte ranges of objects, verified. Implemented by the chunk I/O layer over a store, and
+/// by in-memory maps in tests.
+pub trait ObjectSource: Send + Sync {
+    /// Fills `buf` with the bytes of `object` from `offset`.
+    ///
+    /// # Errors
+    /// The object is absent, damaged (`InvalidData`) or shorter than `offset + buf.len()`.
+    fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+}
+
+/// Where a file's bytes come from.
+#[derive(Clone, Debug)]
+pub enum Content {
+    /// A whole object (a repo file or an asset).
+    Object(ObjectRef),
+    /// Bytes held in memory (config texts).
+    Inline(Arc<[u8]>),
+    /// A safetensors file synthesized from a header prefix and chunk ranges.
+    Safetensors(Arc<SafetensorsPlan>),
+}
+
+impl Content {
+    /// The file's size in bytes.
+    pub fn size(&self) -> u64 {
+        match self {
+            Content::Object(o) => o.length,
+            Content::Inline(bytes) => bytes.len() as u64,
+            Content::Safetensors(plan) => plan.size(),
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many (0 at or past the end).
+    ///
+    /// # Errors
+    /// The [`ObjectSource`] fails.
+    pub fn read_at(&self, source: &dyn ObjectSource, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let size = self.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = buf.len().min((size - offset) as usize);
+        let buf = &mut buf[..n];
+        match self {
+            Content::Object(object) => source.read_object(object, offset, buf)?,
+            Content::Inline(bytes) => buf.copy_from_slice(&bytes[offset as usize..offset as usize + n]),
+            Content::Safetensors(plan) => plan.read_at(source, offset, buf)?,
+        }
+        Ok(n)
+    }
+}
+
+/// One file of a lane folder.
+#[derive(Clone, Debug)]
+pub struct LaneFile {
+    /// Path relative to the lane folder (`unet/config.json`).
+    pub path: String,
+    /// Where its bytes come from.
+    pub content: Content,
+}
+
+/// The files of one commit's lane folder, sorted by path.
+#[derive(Clone, Debug, Default)]
+pub struct LaneView {
+    /// Files sorted by path; no path is another's folder.
+    pub files: Vec<LaneFile>,
+}
+
+impl LaneView {
+    /// Lays out commit `commit` (its id, tree and header).
+    ///
+    /// # Errors
+    /// [`LayoutError`] when paths collide or the header cannot make a file.
+    pub fn build(commit: &ObjectRef, tree: &Tree, header: &Header) -> Result<LaneView, LayoutError> {
+        let mut files = Files::new(commit);
+        for (path, object) in tree.repo_files() {
+            files.add(path.to_owned(), Content::Object(*object), "a repo file")?;
+        }
+        let folders = canonical::folders(header);
+        for (component, folder) in header.components.iter().zip(&folders) {
+            for (name, object) in &component.assets {
+                files.add(format!("{folder}{name}"), Content::Object(*object), "an asset")?;
+            }
+        }
+        let chunks: Arc<[ObjectRef]> = header.chunks.clone().into();
+        match recipe::SourceFiles::of(header).map_err(|why| files.invalid("source_files", why))? {
+            Some(source) => source.lay_out(header, &chunks, &mut files)?,
+            None => canonical::lay_out(header, &folders, &chunks, &mut files)?,
+        }
+        files.finish()
+    }
+
+    /// The file at `path`.
+    pub fn file(&self, path: &str) -> Option<&LaneFile> {
+        self.files
+            .binary_search_by(|f| f.path.as_str().cmp(path))
+            .ok()
+            .map(|i| &self.files[i])
+    }
+}
+
+/// Files being gathered for a view; refuses collisions.
+pub(crate) struct Files {
+    commit: String,
+    by_path: BTreeMap<String, (Content, &'static str)>,
+}
+
+impl Files {
+    fn new(commit: &ObjectRef) -> Files {
+        Files {
+            commit: commit.id(),
+            by_path: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn add(&mut self, path: String, content: Content, what: &'static str) -> Result<(), LayoutError> {
+        if !crate::format::names::is_path(&path) {
+            return Err(self.invalid(&path, format!("{what} has a path that is not a relative path")));
+        }
+        if let Some((_, other)) = self.by_path.get(&path) {
+            return Err(LayoutError::Collision {
+                commit: self.commit.clone(),
+                why: format!("{other} and {what}"),
+                path,
+            });
+        }
+        self.by_path.insert(path, (content, what));
+        Ok(())
+    }
+
+    pub(crate) fn invalid(&self, path: &str, why: impl Into<String>) -> LayoutError {
+        LayoutError::Invalid {
+            commit: self.commit.clone(),
+            path: path.to_owned(),
+            why: why.into(),
+        }
+    }
+
+    fn finish(self) -> Result<LaneView, LayoutError> {
+        // A file may not also be a folder of another file (spec §3).
+        let mut folders = BTreeSet::new();
+        for path in self.by_path.keys() {
+            let mut at = 0;
+            while let Some(i) = path[at..].find('/') {
+                folders.insert(&path[..at + i]);
+                at += i + 1;
+            }
+        }
+        if let Some(path) = self.by_path.keys().find(|p| folders.contains(p.as_str())) {
+            return Err(LayoutError::Collision {
+                commit: self.commit.clone(),
+                path: path.clone(),
+                why: "a file and a folder".into(),
+            });
+        }
+        let files = self
+            .by_path
+            .into_iter()
+            .map(|(path, (content, _))| LaneFile { path, content })
+            .collect();
+        Ok(LaneView { files })
+    }
+}

@@ -1,0 +1,289 @@
+//! The store: a directory in the `tensorfs.store/3` layout that the reference `tfs` also reads
+//! and writes.
+//!
+//! ```text
+//! <root>/format                      {"format":"tensorfs.store/3"}
+//! <root>/blobs/<aa>/<bb>/<sha256>    objects (spec §1), read-only once admitted
+//! <root>/refs/<org>/<name>.json      cozytensors.repo/1 documents (spec §7)
+//! <root>/holds/ files/ uses/         the reference's retention records (holds/gc.lock fences GC)
+//! <root>/tmp/                        objects being written, never named until whole
+//! <root>/verified                    this implementation's ledger of blobs proven intact
+//! ```
+//!
+//! - One door admits objects ([`objects`]): bytes stream into `tmp/`, are hashed, flushed
+//!   (`fsync`), made read-only and renamed to their digest's path. A torn write never has a
+//!   name; a killed writer leaves only `tmp/` files, which the next writer reaps.
+//! - Refs change under an exclusive `flock` on `refs/` and a shared one on `holds/gc.lock`, as
+//!   the reference's writers and collector expect ([`refs`]); a `local/` ref roots its commits'
+//!   closures against the reference's GC.
+//! - [`verified`] records which blobs were hashed and their inode stamps, so a mount can prove a
+//!   blob unchanged since its verification instead of hashing it again.
+
+mod objects;
+mod refs;
+pub mod verified;
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use objects::ObjectWriter;
+
+use crate::format::{FormatError, Header, ObjectRef, Tree};
+
+/// The store format this implementation reads and writes (the `format` record).
+pub const STORE_FORMAT: &str = "tensorfs.store/3";
+
+/// The folders of a store.
+const LAYOUT: [&str; 6] = ["blobs", "refs", "holds", "files", "uses", "tmp"];
+
+/// Documents (trees, headers, repos) larger than this are refused before reading.
+pub const MAX_DOCUMENT_BYTES: u64 = 256 << 20;
+
+/// Why a store operation failed; every variant names the path or object involved.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A filesystem call failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was being done (`open`, `rename`, …).
+        op: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The directory is not a store this implementation can use.
+    #[error("{}: {why}", path.display())]
+    NotAStore {
+        /// The store root or its format record.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// An object the operation needs is not in the store.
+    #[error("object {object} is not in the store at {}", path.display())]
+    Absent {
+        /// The missing object.
+        object: ObjectRef,
+        /// Where it should be.
+        path: PathBuf,
+    },
+    /// A blob's bytes are not the object its name promises.
+    #[error("{}: expected {expected}, found {found}; run `tensorfs verify --repair` to remove it, then import or download the model again", path.display())]
+    Mismatch {
+        /// The object the path names.
+        expected: ObjectRef,
+        /// What is there (`… bytes`, or the digest found).
+        found: String,
+        /// The blob.
+        path: PathBuf,
+    },
+    /// A document in the store breaks the format.
+    #[error("{}: {source}", path.display())]
+    Format {
+        /// The document's path.
+        path: PathBuf,
+        /// The rule broken.
+        #[source]
+        source: FormatError,
+    },
+    /// A repo name or ref the store cannot take.
+    #[error("{0}")]
+    Ref(String),
+}
+
+/// Result of store operations.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A closure for `map_err` that wraps an `io::Error` with the operation and path.
+pub(crate) fn io_err(op: &'static str, path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> StoreError {
+    let path = path.as_ref().to_path_buf();
+    move |source| StoreError::Io { op, path, source }
+}
+
+/// A store on disk. Cheap to clone; every handle works on the same directory.
+#[derive(Clone, Debug)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// A commit read from the store: its tree, its header's object and bytes, and the decoded
+/// header. Both documents were verified against their object refs when read.
+#[derive(Clone, Debug)]
+pub struct Commit {
+    /// The commit's id (the tree's object ref).
+    pub id: ObjectRef,
+    /// The tree.
+    pub tree: Tree,
+    /// The header's object ref.
+    pub header_ref: ObjectRef,
+    /// The decoded header.
+    pub header: Header,
+}
+
+impl Store {
+    /// Opens the store at `root`, creating it when `root` is absent or empty.
+    ///
+    /// # Errors
+    /// `root` holds something that is not a store, or a store of another format.
+    pub fn open(root: impl Into<PathBuf>) -> StoreResult<Store> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(io_err("create", &root))?;
+        let root = fs::canonicalize(&root).map_err(io_err("resolve", &root))?;
+        let record = root.join("format");
+        match fs::read(&record) {
+            Ok(bytes) => check_format(&record, &bytes)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                for entry in fs::read_dir(&root).map_err(io_err("list", &root))? {
+                    let name = entry.map_err(io_err("list", &root))?.file_name();
+                    let name = name.to_string_lossy();
+                    if !LAYOUT.contains(&&*name) && name != "verified" {
+                        return Err(StoreError::NotAStore {
+                            path: root.clone(),
+                            why: format!("is neither empty nor a store (it holds {name:?})"),
+                        });
+                    }
+                }
+                let text = format!("{{\"format\":\"{STORE_FORMAT}\"}}");
+                objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644)
+                    .or_else(|_| {
+                        // tmp/ does not exist yet in a new store.
+                        fs::create_dir_all(root.join("tmp")).map_err(io_err("create", &root))?;
+                        objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644)
+                    })?;
+            }
+            Err(e) => return Err(io_err("read", &record)(e)),
+        }
+        for dir in LAYOUT {
+            let path = root.join(dir);
+            fs::create_dir_all(&path).map_err(io_err("create", &path))?;
+        }
+        Ok(Store { root })
+    }
+
+    /// Opens an existing store without creating anything.
+    ///
+    /// # Errors
+    /// `root` has no format record, or one of another format.
+    pub fn open_existing(root: impl Into<PathBuf>) -> StoreResult<Store> {
+        let root = root.into();
+        let record = root.join("format");
+        let bytes = fs::read(&record).map_err(|e| StoreError::NotAStore {
+            path: root.clone(),
+            why: format!("is not a store ({}: {e})", record.display()),
+        })?;
+        check_format(&record, &bytes)?;
+        let root = fs::canonicalize(&root).map_err(io_err("resolve", &root))?;
+        Ok(Store { root })
+    }
+
+    /// The store's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where `object` lives: `<root>/blobs/<aa>/<bb>/<sha256>`.
+    pub fn object_path(&self, object: &ObjectRef) -> PathBuf {
+        self.root.join(object.blob_path())
+    }
+
+    /// Whether `object` is present with its full length (its bytes are not re-hashed).
+    pub fn contains(&self, object: &ObjectRef) -> bool {
+        fs::metadata(self.object_path(object)).is_ok_and(|m| m.is_file() && m.len() == object.length)
+    }
+
+    /// Opens `object` to read, checking its length (spec §1: lengths are checked on every
+    /// open). Holds a shared `flock` on the blob while the file is open, which the reference's
+    /// collector honours.
+    ///
+    /// # Errors
+    /// [`StoreError::Absent`], or [`StoreError::Mismatch`] when the length differs.
+    pub fn open_object(&self, object: &ObjectRef) -> StoreResult<File> {
+        let path = self.object_path(object);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::Absent { object: *object, path })
+            }
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        file.lock_shared().map_err(io_err("lock", &path))?;
+        let length = file.metadata().map_err(io_err("stat", &path))?.len();
+        if length != object.length {
+            return Err(StoreError::Mismatch {
+                expected: *object,
+                found: format!("{length} bytes"),
+                path,
+            });
+        }
+        Ok(file)
+    }
+
+    /// Reads a whole object and verifies its SHA-256 (for documents: trees, headers, small
+    /// files).
+    ///
+    /// # Errors
+    /// Absent, too large (over [`MAX_DOCUMENT_BYTES`]), or not the bytes `object` names.
+    pub fn read_verified(&self, object: &ObjectRef) -> StoreResult<Vec<u8>> {
+        let path = self.object_path(object);
+        if object.length > MAX_DOCUMENT_BYTES {
+            return Err(StoreError::Format {
+                path,
+                source: FormatError::Invalid(format!(
+                    "{} bytes is over the {MAX_DOCUMENT_BYTES}-byte document limit",
+                    object.length
+                )),
+            });
+        }
+        let mut file = self.open_object(object)?;
+        let mut bytes = Vec::with_capacity(object.length as usize);
+        io::Read::read_to_end(&mut file, &mut bytes).map_err(io_err("read", &path))?;
+        let found = ObjectRef::of(&bytes);
+        if found != *object {
+            return Err(StoreError::Mismatch {
+                expected: *object,
+                found: format!("sha256 {} ({} bytes)", found.sha256, found.length),
+                path,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Reads commit `id`: its tree and header, both verified and validated.
+    ///
+    /// # Errors
+    /// Either document is absent, damaged or malformed.
+    pub fn commit(&self, id: &ObjectRef) -> StoreResult<Commit> {
+        let tree_bytes = self.read_verified(id)?;
+        let tree = Tree::from_json(&tree_bytes).map_err(|source| StoreError::Format {
+            path: self.object_path(id),
+            source,
+        })?;
+        let header_ref = *tree.header().1;
+        let header_bytes = self.read_verified(&header_ref)?;
+        let header = Header::from_cbor(&header_bytes).map_err(|source| StoreError::Format {
+            path: self.object_path(&header_ref),
+            source,
+        })?;
+        Ok(Commit { id: *id, tree, header_ref, header })
+    }
+}
+
+fn check_format(record: &Path, bytes: &[u8]) -> StoreResult<()> {
+    let found = serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| v.get("format")?.as_str().map(str::to_owned));
+    match found {
+        Some(format) if format == STORE_FORMAT => Ok(()),
+        Some(format) => Err(StoreError::NotAStore {
+            path: record.to_path_buf(),
+            why: format!("is a {format} store; this build reads {STORE_FORMAT}"),
+        }),
+        None => Err(StoreError::NotAStore {
+            path: record.to_path_buf(),
+            why: format!("is not a store format record: {:?}", String::from_utf8_lossy(bytes)),
+        }),
+    }
+}

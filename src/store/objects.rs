@@ -1,0 +1,246 @@
+//! Admission: the one door by which bytes become objects.
+//!
+//! An [`ObjectWriter`] streams into `tmp/tensorfs-<pid>-<n>` while hashing; `finish` flushes the
+//! file, makes it read-only and renames it to its digest's path. Each process holds an exclusive
+//! `flock` on `tmp/tensorfs-<pid>.lock` while it writes, so the next writer can tell the temp
+//! files of a killed process from those of a live one and reap only the former.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use super::verified::Ledger;
+use super::{io_err, Store, StoreError, StoreResult};
+use crate::format::{Hasher, ObjectRef};
+
+/// Streams bytes into a new object. Dropping it unfinished removes its temp file.
+#[derive(Debug)]
+pub struct ObjectWriter {
+    store: Store,
+    temp: PathBuf,
+    file: Option<File>,
+    hasher: Hasher,
+}
+
+impl Store {
+    /// A writer for a new object in this store.
+    ///
+    /// # Errors
+    /// The temp file cannot be created.
+    pub fn writer(&self) -> StoreResult<ObjectWriter> {
+        let (temp, file) = self.temp_file()?;
+        Ok(ObjectWriter {
+            store: self.clone(),
+            temp,
+            file: Some(file),
+            hasher: Hasher::new(),
+        })
+    }
+
+    /// Admits `bytes` as an object (a no-op when it is already here whole).
+    ///
+    /// # Errors
+    /// Writing, flushing or renaming fails.
+    pub fn put_bytes(&self, bytes: &[u8]) -> StoreResult<ObjectRef> {
+        let object = ObjectRef::of(bytes);
+        if self.contains(&object) {
+            return Ok(object);
+        }
+        let mut writer = self.writer()?;
+        writer.write_all(bytes).map_err(io_err("write", &writer.temp))?;
+        writer.finish(Some(&object))
+    }
+
+    /// Flushes everything written to the store's filesystem (`syncfs`), so that directory
+    /// entries of new objects are durable before a ref names them.
+    ///
+    /// # Errors
+    /// The store cannot be opened or synced.
+    pub fn sync(&self) -> StoreResult<()> {
+        let dir = File::open(&self.root).map_err(io_err("open", &self.root))?;
+        // SAFETY: syncfs takes a descriptor we own for the duration of the call.
+        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+            return Err(io_err("syncfs", &self.root)(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    fn temp_file(&self) -> StoreResult<(PathBuf, File)> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let tmp = self.root.join("tmp");
+        self.claim_tmp(&tmp)?;
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = tmp.join(format!("tensorfs-{}-{n}", std::process::id()));
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(file) => return Ok((path, file)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err("create", &path)(e)),
+            }
+        }
+    }
+
+    /// Takes this process's writer lock once, reaping temp files of writers that died.
+    fn claim_tmp(&self, tmp: &Path) -> StoreResult<()> {
+        static CLAIMED: OnceLock<std::sync::Mutex<Vec<(PathBuf, File)>>> = OnceLock::new();
+        let claimed = CLAIMED.get_or_init(Default::default);
+        let mut claimed = claimed.lock().unwrap_or_else(|e| e.into_inner());
+        if claimed.iter().any(|(dir, _)| dir == tmp) {
+            return Ok(());
+        }
+        reap(tmp)?;
+        let path = tmp.join(format!("tensorfs-{}.lock", std::process::id()));
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err("create", &path))?;
+        file.lock().map_err(io_err("lock", &path))?;
+        claimed.push((tmp.to_path_buf(), file));
+        Ok(())
+    }
+}
+
+/// Removes the temp files of writers whose lock is free (they exited or were killed).
+fn reap(tmp: &Path) -> StoreResult<()> {
+    let entries = match fs::read_dir(tmp) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("list", tmp)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err("list", tmp))?;
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tensorfs-")?.strip_suffix(".lock"))
+        else {
+            continue;
+        };
+        if pid == std::process::id().to_string() {
+            continue;
+        }
+        let Ok(lock) = File::open(entry.path()) else { continue };
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        let prefix = format!("tensorfs-{pid}-");
+        for temp in fs::read_dir(tmp).map_err(io_err("list", tmp))?.flatten() {
+            if temp.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+                let _ = fs::remove_file(temp.path());
+            }
+        }
+        let _ = fs::remove_file(entry.path());
+    }
+    Ok(())
+}
+
+impl ObjectWriter {
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.hasher.len()
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes `n` zero bytes (padding between parts of a chunk).
+    ///
+    /// # Errors
+    /// The write fails.
+    pub fn write_zeros(&mut self, mut n: u64) -> io::Result<()> {
+        const ZEROS: [u8; 4096] = [0; 4096];
+        while n > 0 {
+            let take = n.min(ZEROS.len() as u64) as usize;
+            self.write_all(&ZEROS[..take])?;
+            n -= take as u64;
+        }
+        Ok(())
+    }
+
+    /// Flushes, seals and names the object; with `expect`, refuses other bytes. An object
+    /// already present whole is kept and the new copy dropped.
+    ///
+    /// # Errors
+    /// The bytes differ from `expect`, or flushing, `chmod` or `rename` fails.
+    pub fn finish(mut self, expect: Option<&ObjectRef>) -> StoreResult<ObjectRef> {
+        let file = self.file.take().expect("finish runs once");
+        let object = std::mem::take(&mut self.hasher).finish();
+        if let Some(expect) = expect {
+            if *expect != object {
+                return Err(StoreError::Mismatch {
+                    expected: *expect,
+                    found: format!("sha256 {} ({} bytes)", object.sha256, object.length),
+                    path: self.temp.clone(),
+                });
+            }
+        }
+        let dest = self.store.object_path(&object);
+        if self.store.contains(&object) {
+            return Ok(object);
+        }
+        file.sync_all().map_err(io_err("fsync", &self.temp))?;
+        file.set_permissions(fs::Permissions::from_mode(0o444))
+            .map_err(io_err("chmod", &self.temp))?;
+        drop(file);
+        let parent = dest.parent().expect("blob paths have parents");
+        fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+        fs::rename(&self.temp, &dest).map_err(io_err("rename", &dest))?;
+        if let Ok(meta) = fs::metadata(&dest) {
+            // The ledger only saves a later re-hash; failing to note it loses nothing.
+            let _ = Ledger::append(&self.store, &[(object, meta)]);
+        }
+        Ok(object)
+    }
+}
+
+impl Write for ObjectWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.as_mut().expect("open until finish").write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.file.as_mut().expect("open until finish").write_all(buf)?;
+        self.hasher.update(buf);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.as_mut().expect("open until finish").flush()
+    }
+}
+
+impl Drop for ObjectWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() || self.temp.exists() {
+            let _ = fs::remove_file(&self.temp);
+        }
+    }
+}
+
+/// Replaces `dest` with `bytes` atomically: a temp file in `tmp`, flushed, then renamed.
+pub(crate) fn replace_file(tmp: &Path, dest: &Path, bytes: &[u8], mode: u32) -> StoreResult<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let temp = tmp.join(format!("tensorfs-{}-record-{n}", std::process::id()));
+    let result = (|| {
+        let mut file = File::create(&temp).map_err(io_err("create", &temp))?;
+        file.write_all(bytes).map_err(io_err("write", &temp))?;
+        file.sync_all().map_err(io_err("fsync", &temp))?;
+        file.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(io_err("chmod", &temp))?;
+        fs::rename(&temp, dest).map_err(io_err("rename", dest))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}

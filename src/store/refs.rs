@@ -1,0 +1,175 @@
+//! Refs: `refs/<org>/<name>.json`, one `cozytensors.repo/1` document per model.
+//!
+//! A ref changes under an exclusive `flock` on the `refs/` directory, by a temp file and a
+//! rename, so readers see the old document or the new. While publishing, a shared `flock` on
+//! `holds/gc.lock` keeps the reference's collector (which takes it exclusively) from sweeping
+//! objects between their admission and the ref that names them.
+//!
+//! File names fold ASCII case; a segment other than ASCII letters, digits, `.`, `_` and `-`
+//! (or one starting with `.`, ending with `.`, longer than 128 bytes, or a device name such as
+//! `con`) is `%` and the SHA-256 of the folded segment (distribution.md §1).
+
+use std::fs::{self, File};
+use std::io;
+use std::path::PathBuf;
+
+use super::objects::replace_file;
+use super::{io_err, Store, StoreError, StoreResult};
+use crate::format::names::{is_portable, split_repo_name};
+use crate::format::{Repo, Sha256};
+
+/// A held `flock`, released on drop.
+#[derive(Debug)]
+pub struct Lock(#[allow(dead_code)] File);
+
+fn ref_segment(segment: &str) -> String {
+    let folded = segment.to_ascii_lowercase();
+    let stem = folded.split('.').next().unwrap_or("");
+    let device = matches!(stem, "con" | "prn" | "aux" | "nul")
+        || (stem.len() == 4
+            && (stem.starts_with("com") || stem.starts_with("lpt"))
+            && matches!(stem.as_bytes()[3], b'1'..=b'9'));
+    if is_portable(&folded) && !folded.ends_with('.') && !device {
+        folded
+    } else {
+        format!("%{}", Sha256::of(folded.as_bytes()))
+    }
+}
+
+impl Store {
+    /// The ref file of repo `name` (`org/name`).
+    ///
+    /// # Errors
+    /// `name` is not `<org>/<name>` with two segments.
+    pub fn ref_path(&self, name: &str) -> StoreResult<PathBuf> {
+        let (org, model) = split_repo_name(name).map_err(|e| StoreError::Ref(e.to_string()))?;
+        Ok(self
+            .root
+            .join("refs")
+            .join(ref_segment(org))
+            .join(format!("{}.json", ref_segment(model))))
+    }
+
+    /// Takes the shared side of the collector's fence (`holds/gc.lock`): while held, the
+    /// reference's GC does not run.
+    ///
+    /// # Errors
+    /// The lock file cannot be opened or locked.
+    pub fn fence(&self) -> StoreResult<Lock> {
+        let path = self.root.join("holds").join("gc.lock");
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        file.lock_shared().map_err(io_err("lock", &path))?;
+        Ok(Lock(file))
+    }
+
+    /// The repo document of `name`, if the store has one.
+    ///
+    /// # Errors
+    /// The ref exists but cannot be read, is malformed, or names another repo.
+    pub fn repo(&self, name: &str) -> StoreResult<Option<Repo>> {
+        let path = self.ref_path(name)?;
+        let repo = read_ref(&path)?;
+        if let Some(repo) = &repo {
+            if !repo.name.eq_ignore_ascii_case(name) {
+                return Err(StoreError::Ref(format!(
+                    "{}: names repo {:?}, not {name:?}",
+                    path.display(),
+                    repo.name
+                )));
+            }
+        }
+        Ok(repo)
+    }
+
+    /// Every repo document in the store, sorted by name. A malformed ref is skipped with a
+    /// warning, so one bad file does not hide the others.
+    ///
+    /// # Errors
+    /// `refs/` cannot be listed.
+    pub fn repos(&self) -> StoreResult<Vec<Repo>> {
+        let dir = self.root.join("refs");
+        let mut repos = Vec::new();
+        for org in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
+            let org = org.map_err(io_err("list", &dir))?.path();
+            if !org.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(&org).map_err(io_err("list", &org))? {
+                let path = entry.map_err(io_err("list", &org))?.path();
+                if path.extension().is_none_or(|e| e != "json") {
+                    continue;
+                }
+                match read_ref(&path) {
+                    Ok(Some(repo)) => repos.push(repo),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("skipping ref: {e}"),
+                }
+            }
+        }
+        repos.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(repos)
+    }
+
+    /// Changes the ref of `name` to what `change` makes of the current document (`None` when
+    /// there is none), under the refs lock and the collector's fence. Every object the new
+    /// document names must already be in the store and durable: this syncs the filesystem
+    /// before the ref is written.
+    ///
+    /// # Errors
+    /// Locking, reading or writing the ref fails, or `change` returns a repo of another name.
+    pub fn update_repo(
+        &self,
+        name: &str,
+        change: impl FnOnce(Option<Repo>) -> Repo,
+    ) -> StoreResult<Repo> {
+        let path = self.ref_path(name)?;
+        let _fence = self.fence()?;
+        let refs = self.root.join("refs");
+        let lock = File::open(&refs).map_err(io_err("open", &refs))?;
+        lock.lock().map_err(io_err("lock", &refs))?;
+        let new = change(self.repo(name)?);
+        if !new.name.eq_ignore_ascii_case(name) {
+            return Err(StoreError::Ref(format!(
+                "repo {:?} cannot be written as ref {name:?}",
+                new.name
+            )));
+        }
+        self.sync()?;
+        let parent = path.parent().expect("ref paths have parents");
+        fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+        replace_file(&self.root.join("tmp"), &path, &new.to_json(), 0o644)?;
+        Ok(new)
+    }
+}
+
+fn read_ref(path: &PathBuf) -> StoreResult<Option<Repo>> {
+    match fs::read(path) {
+        Ok(bytes) => Repo::from_json(&bytes)
+            .map(Some)
+            .map_err(|source| StoreError::Format { path: path.clone(), source }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err("read", path)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ref_segments_fold_case_and_hash_unportable_names() {
+        assert_eq!(ref_segment("Acme"), "acme");
+        assert_eq!(ref_segment("sd-xl_1.0"), "sd-xl_1.0");
+        for odd in ["con", "COM1", "a b", ".hidden", "trailing.", "ünï"] {
+            let hashed = ref_segment(odd);
+            assert!(hashed.starts_with('%') && hashed.len() == 65, "{odd}: {hashed}");
+        }
+        assert_eq!(ref_segment("ACME"), ref_segment("acme"));
+    }
+}
