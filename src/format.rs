@@ -24,7 +24,9 @@ pub mod tree;
 
 pub use cbor::Value;
 pub use dtype::Dtype;
-pub use header::{Body, ClassRef, Component, Config, Encoding, Header, Location, Part, Pipeline, Tensor};
+pub use header::{
+    Body, ClassRef, Component, Config, Encoding, Header, Location, Part, Pipeline, Tensor,
+};
 pub use object::{Hasher, ObjectRef, Sha256};
 pub use repo::{Release, Repo};
 pub use tree::Tree;

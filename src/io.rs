@@ -32,7 +32,9 @@ pub struct BlobReaderConfig {
 
 impl Default for BlobReaderConfig {
     fn default() -> Self {
-        BlobReaderConfig { max_open_files: 1024 }
+        BlobReaderConfig {
+            max_open_files: 1024,
+        }
     }
 }
 
@@ -74,7 +76,12 @@ impl BlobReader {
 
     /// The open, proven blob of `object`.
     fn get(&self, object: &ObjectRef) -> io::Result<Arc<Open>> {
-        if let Some(open) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&object.sha256) {
+        if let Some(open) = self
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&object.sha256)
+        {
             return Ok(open.clone());
         }
         let gate = self
@@ -85,7 +92,12 @@ impl BlobReader {
             .or_default()
             .clone();
         let _gate = gate.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(open) = self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&object.sha256) {
+        if let Some(open) = self
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&object.sha256)
+        {
             return Ok(open.clone());
         }
         let open = Arc::new(self.prove(object)?);
@@ -93,7 +105,10 @@ impl BlobReader {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .put(object.sha256, open.clone());
-        self.opening.lock().unwrap_or_else(|e| e.into_inner()).remove(&object.sha256);
+        self.opening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&object.sha256);
         Ok(open)
     }
 
@@ -103,7 +118,12 @@ impl BlobReader {
         let file = self.store.open_object(object).map_err(to_io)?;
         let meta = file.metadata()?;
         let stamp = Stamp::of(&meta);
-        let known = self.proven.lock().unwrap_or_else(|e| e.into_inner()).get(&object.sha256) == Some(&stamp);
+        let known = self
+            .proven
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&object.sha256)
+            == Some(&stamp);
         if !known && !self.ledger.proves(object, &meta) {
             let found = hash_file(&file)?;
             if found != *object {
@@ -136,7 +156,10 @@ impl ObjectSource for BlobReader {
         if end.is_none_or(|end| end > object.length) {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!("read of {} bytes at {offset} is past the end of {object}", buf.len()),
+                format!(
+                    "read of {} bytes at {offset} is past the end of {object}",
+                    buf.len()
+                ),
             ));
         }
         let open = self.get(object)?;

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 
-pub use plan::{Segment, SafetensorsPlan};
+pub use plan::{SafetensorsPlan, Segment};
 
 use crate::format::{Header, ObjectRef, Tree};
 
@@ -96,7 +96,12 @@ impl Content {
     ///
     /// # Errors
     /// The [`ObjectSource`] fails.
-    pub fn read_at(&self, source: &dyn ObjectSource, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn read_at(
+        &self,
+        source: &dyn ObjectSource,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
         let size = self.size();
         if offset >= size {
             return Ok(0);
@@ -105,7 +110,9 @@ impl Content {
         let buf = &mut buf[..n];
         match self {
             Content::Object(object) => source.read_object(object, offset, buf)?,
-            Content::Inline(bytes) => buf.copy_from_slice(&bytes[offset as usize..offset as usize + n]),
+            Content::Inline(bytes) => {
+                buf.copy_from_slice(&bytes[offset as usize..offset as usize + n])
+            }
             Content::Safetensors(plan) => plan.read_at(source, offset, buf)?,
         }
         Ok(n)
@@ -133,7 +140,11 @@ impl LaneView {
     ///
     /// # Errors
     /// [`LayoutError`] when paths collide or the header cannot make a file.
-    pub fn build(commit: &ObjectRef, tree: &Tree, header: &Header) -> Result<LaneView, LayoutError> {
+    pub fn build(
+        commit: &ObjectRef,
+        tree: &Tree,
+        header: &Header,
+    ) -> Result<LaneView, LayoutError> {
         let mut files = Files::new(commit);
         for (path, object) in tree.repo_files() {
             files.add(path.to_owned(), Content::Object(*object), "a repo file")?;
@@ -141,7 +152,11 @@ impl LaneView {
         let folders = canonical::folders(header);
         for (component, folder) in header.components.iter().zip(&folders) {
             for (name, object) in &component.assets {
-                files.add(format!("{folder}{name}"), Content::Object(*object), "an asset")?;
+                files.add(
+                    format!("{folder}{name}"),
+                    Content::Object(*object),
+                    "an asset",
+                )?;
             }
         }
         let chunks: Arc<[ObjectRef]> = header.chunks.clone().into();
@@ -175,9 +190,17 @@ impl Files {
         }
     }
 
-    pub(crate) fn add(&mut self, path: String, content: Content, what: &'static str) -> Result<(), LayoutError> {
+    pub(crate) fn add(
+        &mut self,
+        path: String,
+        content: Content,
+        what: &'static str,
+    ) -> Result<(), LayoutError> {
         if !crate::format::names::is_path(&path) {
-            return Err(self.invalid(&path, format!("{what} has a path that is not a relative path")));
+            return Err(self.invalid(
+                &path,
+                format!("{what} has a path that is not a relative path"),
+            ));
         }
         if let Some((_, other)) = self.by_path.get(&path) {
             return Err(LayoutError::Collision {

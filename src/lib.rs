@@ -2,7 +2,12 @@
 //! ordinary Diffusers and Transformers folders through FUSE.
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod format;
-pub mod store;
-pub mod layout;
+pub mod fs;
+pub mod fuse;
+pub mod import;
 pub mod io;
+pub mod layout;
+pub mod revisions;
+pub mod store;

@@ -27,7 +27,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use objects::ObjectWriter;
+pub use objects::{ObjectWriter, Staged};
 
 use crate::format::{FormatError, Header, ObjectRef, Tree};
 
@@ -98,7 +98,10 @@ pub enum StoreError {
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// A closure for `map_err` that wraps an `io::Error` with the operation and path.
-pub(crate) fn io_err(op: &'static str, path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> StoreError {
+pub(crate) fn io_err(
+    op: &'static str,
+    path: impl AsRef<Path>,
+) -> impl FnOnce(io::Error) -> StoreError {
     let path = path.as_ref().to_path_buf();
     move |source| StoreError::Io { op, path, source }
 }
@@ -147,12 +150,13 @@ impl Store {
                     }
                 }
                 let text = format!("{{\"format\":\"{STORE_FORMAT}\"}}");
-                objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644)
-                    .or_else(|_| {
+                objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644).or_else(
+                    |_| {
                         // tmp/ does not exist yet in a new store.
                         fs::create_dir_all(root.join("tmp")).map_err(io_err("create", &root))?;
                         objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644)
-                    })?;
+                    },
+                )?;
             }
             Err(e) => return Err(io_err("read", &record)(e)),
         }
@@ -191,7 +195,8 @@ impl Store {
 
     /// Whether `object` is present with its full length (its bytes are not re-hashed).
     pub fn contains(&self, object: &ObjectRef) -> bool {
-        fs::metadata(self.object_path(object)).is_ok_and(|m| m.is_file() && m.len() == object.length)
+        fs::metadata(self.object_path(object))
+            .is_ok_and(|m| m.is_file() && m.len() == object.length)
     }
 
     /// Opens `object` to read, checking its length (spec §1: lengths are checked on every
@@ -205,7 +210,10 @@ impl Store {
         let file = match File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(StoreError::Absent { object: *object, path })
+                return Err(StoreError::Absent {
+                    object: *object,
+                    path,
+                })
             }
             Err(e) => return Err(io_err("open", &path)(e)),
         };
@@ -267,7 +275,12 @@ impl Store {
             path: self.object_path(&header_ref),
             source,
         })?;
-        Ok(Commit { id: *id, tree, header_ref, header })
+        Ok(Commit {
+            id: *id,
+            tree,
+            header_ref,
+            header,
+        })
     }
 }
 
@@ -283,7 +296,10 @@ fn check_format(record: &Path, bytes: &[u8]) -> StoreResult<()> {
         }),
         None => Err(StoreError::NotAStore {
             path: record.to_path_buf(),
-            why: format!("is not a store format record: {:?}", String::from_utf8_lossy(bytes)),
+            why: format!(
+                "is not a store format record: {:?}",
+                String::from_utf8_lossy(bytes)
+            ),
         }),
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use super::{FormatError, FormatResult, Value};
+use super::{FormatError, FormatResult, ObjectRef, Sha256, Value};
 
 /// Deepest array/object nesting [`parse`] accepts (serde_json's default); bounds recursion on
 /// hostile input.
@@ -100,7 +100,10 @@ pub fn parse(bytes: &[u8]) -> FormatResult<Json> {
 fn position(bytes: &[u8], at: usize) -> String {
     let before = &bytes[..at.min(bytes.len())];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
     // Continuation bytes do not start a character.
     let column = before[line_start..]
         .iter()
@@ -128,7 +131,7 @@ impl ParseError {
 type ParseResult<T> = Result<T, ParseError>;
 
 /// A path segment for a key: `.key` when it reads unambiguously, else `["key"]`.
-fn key_segment(key: &str) -> String {
+pub(crate) fn key_segment(key: &str) -> String {
     let plain = !key.is_empty()
         && key
             .bytes()
@@ -344,9 +347,7 @@ impl<'a> Parser<'a> {
                         _ => return Err(self.fail_at(escape_pos, "invalid escape in a string")),
                     }
                 }
-                Some(_) => {
-                    return Err(self.fail("a control character must be escaped in a string"))
-                }
+                Some(_) => return Err(self.fail("a control character must be escaped in a string")),
             }
         }
     }
@@ -556,9 +557,7 @@ pub fn to_value(json: &Json) -> Value {
         Json::Float(f) => Value::Float(*f),
         Json::Text(t) => Value::Text(t.clone()),
         Json::Array(items) => Value::Array(items.iter().map(to_value).collect()),
-        Json::Object(entries) => {
-            Value::map(entries.iter().map(|(k, v)| (k.clone(), to_value(v))))
-        }
+        Json::Object(entries) => Value::map(entries.iter().map(|(k, v)| (k.clone(), to_value(v)))),
     }
 }
 
@@ -687,11 +686,7 @@ pub fn python_float_repr(value: f64) -> String {
         return if value > 0.0 { "Infinity" } else { "-Infinity" }.into();
     }
     let sign = if value.is_sign_negative() { "-" } else { "" };
-    // `{:e}` gives the shortest round-trip digits, as `d.ddde±x`.
-    let sci = format!("{:e}", value.abs());
-    let (mantissa, exponent) = sci.split_once('e').expect("LowerExp has an exponent");
-    let exponent: i32 = exponent.parse().expect("LowerExp exponent is an integer");
-    let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
+    let (digits, exponent) = shortest_digits(value.abs());
     let ndigits = digits.len() as i32;
     // Python's `decpt`: the value is 0.DIGITS × 10^decpt.
     let decpt = exponent + 1;
@@ -712,6 +707,50 @@ pub fn python_float_repr(value: f64) -> String {
             "{sign}{first}{point}{rest}e{exp_sign}{:02}",
             exponent.unsigned_abs()
         )
+    }
+}
+
+/// The significant digits and decimal exponent of `d.ddd × 10^exponent` (`value` ≥ 0,
+/// finite) that Python's `repr` picks: the shortest that read back to `value`, and of two such
+/// equally near it, the one whose last digit is even.
+fn shortest_digits(value: f64) -> (String, i32) {
+    let split = |sci: &str| {
+        let (mantissa, exponent) = sci.split_once('e').expect("LowerExp has an exponent");
+        let exponent: i32 = exponent.parse().expect("LowerExp exponent is an integer");
+        let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
+        (digits, exponent)
+    };
+    // std's shortest digits are Python's but for exact ties, which std rounds up and Python's
+    // dtoa rounds to even (1000000000000000.25 is `…0.3` to std, `…0.2` to Python).
+    let (digits, exponent) = split(&format!("{value:e}"));
+    let n = digits.len();
+    // 767 significant digits hold any double exactly.
+    let (exact, exact_exponent) = split(&format!("{value:.767e}"));
+    let exact = exact.trim_end_matches('0');
+    let tie = exact_exponent == exponent
+        && exact.len() == n + 1
+        && exact.ends_with('5')
+        && exact[..n - 1] == digits[..n - 1];
+    if !tie {
+        return (digits, exponent);
+    }
+    let below = &exact[..n];
+    let last = below.as_bytes()[n - 1];
+    let even = if last % 2 == 0 {
+        below.to_string()
+    } else if last == b'9' {
+        // Rounding up would carry into a shorter number; keep std's pick.
+        return (digits, exponent);
+    } else {
+        format!("{}{}", &below[..n - 1], (last + 1 - b'0'))
+    };
+    let reads_back = format!("{even}e{}", exponent - (n as i32 - 1))
+        .parse::<f64>()
+        .is_ok_and(|v| v == value);
+    if reads_back {
+        (even, exponent)
+    } else {
+        (digits, exponent)
     }
 }
 
@@ -753,6 +792,134 @@ pub fn check_document_values(json: &Json) -> FormatResult<()> {
     })
 }
 
+/// The fields of a tree or repo (spec §2, §9): `bytes` parsed strictly, its top level an object
+/// whose `format` is `expected` or a later minor of it, holding no `null` or float anywhere.
+///
+/// The tag is checked before the values so that a document of another kind or major is
+/// refused as such, whatever it holds.
+pub(crate) fn read_document(
+    bytes: &[u8],
+    expected: &'static str,
+) -> FormatResult<Vec<(String, Json)>> {
+    let json = parse(bytes)?;
+    let Json::Object(fields) = json else {
+        return Err(FormatError::Invalid(format!(
+            "a {expected} document is a JSON object, not {} (spec §9)",
+            json.type_name()
+        )));
+    };
+    match fields.iter().find(|(k, _)| k == "format").map(|(_, v)| v) {
+        None => {
+            return Err(FormatError::Invalid(format!(
+                "no `format` field (want {expected})"
+            )))
+        }
+        Some(Json::Text(found)) => check_format(found, expected)?,
+        Some(other) => {
+            return Err(FormatError::Invalid(format!(
+                "`format` is {}, not a string (want {expected})",
+                other.type_name()
+            )))
+        }
+    }
+    let json = Json::Object(fields);
+    check_document_values(&json)?;
+    let Json::Object(fields) = json else {
+        unreachable!("still the object")
+    };
+    Ok(fields)
+}
+
+/// A reader takes `<kind>/<major>` and `<kind>/<major>.<minor>`, the minor one or more digits
+/// (spec §2).
+pub(crate) fn check_format(found: &str, expected: &'static str) -> FormatResult<()> {
+    let accepted = found.strip_prefix(expected).is_some_and(|rest| {
+        rest.is_empty()
+            || rest
+                .strip_prefix('.')
+                .is_some_and(|minor| !minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if accepted {
+        Ok(())
+    } else {
+        Err(FormatError::Format {
+            found: found.into(),
+            expected,
+        })
+    }
+}
+
+/// The value of `key` among an object's `fields`.
+pub(crate) fn field<'a>(fields: &'a [(String, Json)], key: &str) -> Option<&'a Json> {
+    fields.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// Wrong-type refusal for the field at `at` (a path such as `files["a"].length`).
+pub(crate) fn wrong_type(at: &str, want: &str, found: &Json) -> FormatError {
+    FormatError::Invalid(format!("{at} is {}, not {want}", found.type_name()))
+}
+
+/// The object of field `key` at `at`, required.
+pub(crate) fn required_object<'a>(
+    fields: &'a [(String, Json)],
+    key: &str,
+    at: &str,
+) -> FormatResult<&'a [(String, Json)]> {
+    match field(fields, key) {
+        Some(Json::Object(entries)) => Ok(entries),
+        Some(other) => Err(wrong_type(
+            &format!("{at}{}", key_segment(key)),
+            "an object",
+            other,
+        )),
+        None => Err(FormatError::Invalid(format!("{at} has no `{key}` field"))),
+    }
+}
+
+/// The text of field `key` at `at`, required.
+pub(crate) fn required_text<'a>(
+    fields: &'a [(String, Json)],
+    key: &str,
+    at: &str,
+) -> FormatResult<&'a str> {
+    match field(fields, key) {
+        Some(Json::Text(text)) => Ok(text),
+        Some(other) => Err(wrong_type(
+            &format!("{at}{}", key_segment(key)),
+            "a string",
+            other,
+        )),
+        None => Err(FormatError::Invalid(format!("{at} has no `{key}` field"))),
+    }
+}
+
+/// An object ref `{sha256, length}` (spec §1) at `at`; other fields are ignored (spec §2).
+pub(crate) fn object_ref(json: &Json, at: &str) -> FormatResult<ObjectRef> {
+    let Json::Object(fields) = json else {
+        return Err(wrong_type(at, "an object ref {sha256, length}", json));
+    };
+    let sha256: Sha256 = required_text(fields, "sha256", at)?
+        .parse()
+        .map_err(|e| FormatError::Invalid(format!("{at}.sha256: {e}")))?;
+    let length = match field(fields, "length") {
+        Some(Json::Uint(n)) => *n,
+        Some(other @ Json::Int(_)) => {
+            return Err(wrong_type(&format!("{at}.length"), "a length ≥ 0", other))
+        }
+        Some(other) => return Err(wrong_type(&format!("{at}.length"), "an integer", other)),
+        None => return Err(FormatError::Invalid(format!("{at} has no `length` field"))),
+    };
+    Ok(ObjectRef { sha256, length })
+}
+
+/// The JSON of an object ref.
+pub(crate) fn object_ref_json(object: &ObjectRef) -> Json {
+    Json::Object(vec![
+        ("length".into(), Json::Uint(object.length)),
+        ("sha256".into(), Json::Text(object.sha256.hex())),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -766,8 +933,9 @@ mod tests {
 
     #[test]
     fn parses_every_kind_of_value() {
-        let json = parse(br#" {"a": [1, -2, 1.5, true, false, null, "x\u00e9\ud83d\ude00"], "b": {}} "#)
-            .unwrap();
+        let json =
+            parse(br#" {"a": [1, -2, 1.5, true, false, null, "x\u00e9\ud83d\ude00"], "b": {}} "#)
+                .unwrap();
         assert_eq!(
             json,
             Json::Object(vec![
@@ -795,10 +963,7 @@ mod tests {
             Json::Uint(u64::MAX)
         );
         assert!(err("18446744073709551616").contains("outside"));
-        assert_eq!(
-            parse(b"-9223372036854775808").unwrap(),
-            Json::Int(i64::MIN)
-        );
+        assert_eq!(parse(b"-9223372036854775808").unwrap(), Json::Int(i64::MIN));
         assert!(err("-9223372036854775809").contains("outside"));
         assert!(err("-99999999999999999999999").contains("outside"));
         assert_eq!(parse(b"-0").unwrap(), Json::Uint(0));
@@ -818,7 +983,11 @@ mod tests {
             "9007199254740993.0",
         ] {
             let expected: f64 = text.parse().unwrap();
-            assert_eq!(parse(text.as_bytes()).unwrap(), Json::Float(expected), "{text}");
+            assert_eq!(
+                parse(text.as_bytes()).unwrap(),
+                Json::Float(expected),
+                "{text}"
+            );
         }
         assert!(err("1e400").contains("float range"));
         assert_eq!(parse(b"1e-400").unwrap(), Json::Float(0.0));
@@ -827,10 +996,39 @@ mod tests {
     #[test]
     fn refuses_what_rfc_8259_refuses() {
         for bad in [
-            "", " ", "NaN", "Infinity", "-Infinity", "nan", "01", "-01", "1.", ".5", "1e", "+1",
-            "0x10", "[1,]", "{\"a\":1,}", "{'a':1}", "{\"a\" 1}", "[1 2]", "\"a", "\"\\x\"",
-            "\"\t\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "tru", "nul", "1 2",
-            "\u{feff}1", "[", "{", "{\"a\":}", "\"\\u12\"", "\"\\u12g4\"",
+            "",
+            " ",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "nan",
+            "01",
+            "-01",
+            "1.",
+            ".5",
+            "1e",
+            "+1",
+            "0x10",
+            "[1,]",
+            "{\"a\":1,}",
+            "{'a':1}",
+            "{\"a\" 1}",
+            "[1 2]",
+            "\"a",
+            "\"\\x\"",
+            "\"\t\"",
+            "\"\\ud800\"",
+            "\"\\udc00\"",
+            "\"\\ud800\\u0041\"",
+            "tru",
+            "nul",
+            "1 2",
+            "\u{feff}1",
+            "[",
+            "{",
+            "{\"a\":}",
+            "\"\\u12\"",
+            "\"\\u12g4\"",
         ] {
             err(bad);
         }
@@ -887,7 +1085,10 @@ mod tests {
         assert!(canonical(&Json::Array(vec![Json::Null])).is_err());
         let m = canonical(&parse(br#"{"a":{"b":[1,2.5]}}"#).unwrap()).unwrap_err();
         assert!(m.to_string().contains("$.a.b[1]"), "{m}");
-        let dup = Json::Object(vec![("a".into(), Json::Uint(1)), ("a".into(), Json::Uint(2))]);
+        let dup = Json::Object(vec![
+            ("a".into(), Json::Uint(1)),
+            ("a".into(), Json::Uint(2)),
+        ]);
         assert!(canonical(&dup).is_err());
     }
 
@@ -927,7 +1128,10 @@ mod tests {
             )])
         );
         let back = from_value(&value);
-        assert_eq!(back.get("a").unwrap().get("y"), json.get("a").unwrap().get("y"));
+        assert_eq!(
+            back.get("a").unwrap().get("y"),
+            json.get("a").unwrap().get("y")
+        );
         assert_eq!(back.get("f"), Some(&Json::Float(0.5)));
         assert_eq!(back.get("n"), Some(&Json::Null));
         assert_eq!(
@@ -965,7 +1169,8 @@ mod tests {
     #[test]
     fn hf_config_text_indents_like_python() {
         let json = parse(
-            r#"{"b":[1,{"y":null,"x":[]}],"a":{},"é":"\u0001\u007fé😀","f":1e-5,"t":true}"#.as_bytes(),
+            r#"{"b":[1,{"y":null,"x":[]}],"a":{},"é":"\u0001\u007fé😀","f":1e-5,"t":true}"#
+                .as_bytes(),
         )
         .unwrap();
         assert_eq!(

@@ -75,7 +75,9 @@ mod tests {
         assert!(is_label("int8-convrot"));
         assert!(is_label("1.0"));
         assert!(!is_label("-x"));
-        assert!(!is_label("non_ema"));
+        assert!(is_label("non_ema"));
+        assert!(!is_label("a b"));
+        assert!(!is_label("_x"));
         assert!(!is_label(""));
         assert!(is_label(&"a".repeat(64)));
         assert!(!is_label(&"a".repeat(65)));

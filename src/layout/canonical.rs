@@ -43,7 +43,9 @@ pub(super) fn folders(header: &Header) -> Vec<String> {
 
 /// The JSON text of a config map.
 pub(super) fn config_text(config: &Config) -> Vec<u8> {
-    let json = json::from_value(&Value::map(config.iter().map(|(k, v)| (k.clone(), v.clone()))));
+    let json = json::from_value(&Value::map(
+        config.iter().map(|(k, v)| (k.clone(), v.clone())),
+    ));
     json::hf_config_text(&json).into_bytes()
 }
 
@@ -55,17 +57,26 @@ pub(super) fn lay_out(
 ) -> Result<(), LayoutError> {
     if let Some(pipeline) = &header.pipeline {
         let text = config_text(&pipeline.config);
-        files.add(PIPELINE_FILE.to_owned(), Content::Inline(text.into()), "the pipeline config")?;
+        files.add(
+            PIPELINE_FILE.to_owned(),
+            Content::Inline(text.into()),
+            "the pipeline config",
+        )?;
     }
     for (c, folder) in header.components.iter().zip(folders) {
         if !c.config.is_empty() || c.config_file.is_some() {
             let path = format!("{folder}{}", c.config_name());
-            files.add(path, Content::Inline(config_text(&c.config).into()), "a config")?;
+            files.add(
+                path,
+                Content::Inline(config_text(&c.config).into()),
+                "a config",
+            )?;
         }
         if c.tensors.is_empty() {
             continue;
         }
-        let weights = if header.pipeline.is_none() && folder.is_empty() && c.name != ROOT_COMPONENT {
+        let weights = if header.pipeline.is_none() && folder.is_empty() && c.name != ROOT_COMPONENT
+        {
             c.name.clone()
         } else if c.class.library == "diffusers" || c.config.contains_key("_diffusers_version") {
             "diffusion_pytorch_model".to_owned()
@@ -111,7 +122,9 @@ fn weights_plan(
                     .iter()
                     .map(|p| (p.role.clone(), Json::Text(part_name(&t.key, &p.role))))
                     .collect();
-                let params = json::from_value(&Value::map(e.params.iter().map(|(k, v)| (k.clone(), v.clone()))));
+                let params = json::from_value(&Value::map(
+                    e.params.iter().map(|(k, v)| (k.clone(), v.clone())),
+                ));
                 encodings.insert(
                     t.key.clone(),
                     Json::Object(vec![
@@ -127,27 +140,42 @@ fn weights_plan(
             }
         }
     }
-    if let Some(((dtype, _, _), name)) = items.iter().zip(&names).find(|((d, _, _), _)| d.bits().is_none()) {
-        return Err(format!("tensor {name:?} has dtype {dtype}, which safetensors cannot hold"));
+    if let Some(((dtype, _, _), name)) = items
+        .iter()
+        .zip(&names)
+        .find(|((d, _, _), _)| d.bits().is_none())
+    {
+        return Err(format!(
+            "tensor {name:?} has dtype {dtype}, which safetensors cannot hold"
+        ));
     }
     let mut seen = HashSet::new();
     if let Some(name) = names.iter().find(|n| !seen.insert(n.as_str())) {
-        return Err(format!("two tensors are both named {name:?} in safetensors"));
+        return Err(format!(
+            "two tensors are both named {name:?} in safetensors"
+        ));
     }
     let mut metadata: BTreeMap<String, String> = match header.metadata.get(FILE_METADATA) {
         Some(Value::Map(by_component)) => by_component
             .iter()
             .find(|(k, _)| *k == c.name)
             .and_then(|(_, v)| match v {
-                Value::Map(m) => Some(m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_text()?.to_owned()))).collect()),
+                Value::Map(m) => Some(
+                    m.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_text()?.to_owned())))
+                        .collect(),
+                ),
                 _ => None,
             })
             .unwrap_or_default(),
         _ => BTreeMap::new(),
     };
-    metadata.entry("format".into()).or_insert_with(|| "pt".into());
+    metadata
+        .entry("format".into())
+        .or_insert_with(|| "pt".into());
     if !encodings.is_empty() {
-        let text = json::canonical(&Json::Object(encodings.into_iter().collect())).map_err(|e| e.to_string())?;
+        let text = json::canonical(&Json::Object(encodings.into_iter().collect()))
+            .map_err(|e| e.to_string())?;
         metadata.insert("cozytensors.encodings".into(), text);
     }
     let metadata: Vec<(String, String)> = metadata.into_iter().collect();

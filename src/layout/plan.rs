@@ -104,7 +104,12 @@ impl SafetensorsPlan {
     }
 
     /// Fills `buf` (which lies within the file) from `offset`.
-    pub(crate) fn read_at(&self, source: &dyn ObjectSource, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    pub(crate) fn read_at(
+        &self,
+        source: &dyn ObjectSource,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
         let mut at = offset;
         let mut out = buf;
         let prefix_len = self.prefix.len() as u64;
@@ -115,14 +120,20 @@ impl SafetensorsPlan {
             at += n as u64;
         }
         // The first segment that ends after `at`.
-        let mut i = self.segments.partition_point(|s| s.file_offset + s.length <= at);
+        let mut i = self
+            .segments
+            .partition_point(|s| s.file_offset + s.length <= at);
         while !out.is_empty() {
             let s = self.segments.get(i).ok_or_else(|| {
                 io::Error::new(io::ErrorKind::UnexpectedEof, "read past the last segment")
             })?;
             let within = at - s.file_offset;
             let n = out.len().min((s.length - within) as usize);
-            source.read_object(&self.chunks[s.chunk as usize], s.chunk_offset + within, &mut out[..n])?;
+            source.read_object(
+                &self.chunks[s.chunk as usize],
+                s.chunk_offset + within,
+                &mut out[..n],
+            )?;
             out = &mut out[n..];
             at += n as u64;
             i += 1;

@@ -74,7 +74,11 @@ impl SourceFiles {
                     component: component.to_owned(),
                     header: header.to_owned(),
                 },
-                _ => return Err(format!("{path}: entry is neither a text nor a safetensors file")),
+                _ => {
+                    return Err(format!(
+                        "{path}: entry is neither a text nor a safetensors file"
+                    ))
+                }
             };
             files.insert(path.clone(), file);
         }
@@ -106,14 +110,18 @@ impl SourceFiles {
         for (path, file) in &self.0 {
             let content = match file {
                 SourceFile::Text(text) => Content::Inline(text.as_bytes().into()),
-                SourceFile::Safetensors { component, header: text } => {
+                SourceFile::Safetensors {
+                    component,
+                    header: text,
+                } => {
                     let Some(c) = header.component(component) else {
                         return Err(files.invalid(path, format!("no component {component:?}")));
                     };
                     let index = indexes
                         .entry(component.as_str())
                         .or_insert_with(|| c.tensors.iter().map(|t| (t.key.as_str(), t)).collect());
-                    let plan = plan(header, chunks, text, index).map_err(|why| files.invalid(path, why))?;
+                    let plan = plan(header, chunks, text, index)
+                        .map_err(|why| files.invalid(path, why))?;
                     Content::Safetensors(Arc::new(plan))
                 }
             };
@@ -138,7 +146,10 @@ fn plan(
         .iter()
         .filter(|(k, _)| k != "__metadata__")
         .filter_map(|(_, v)| match v {
-            Json::Object(fields) => fields.iter().find(|(k, _)| k == "data_offsets").map(|(_, v)| v),
+            Json::Object(fields) => fields
+                .iter()
+                .find(|(k, _)| k == "data_offsets")
+                .map(|(_, v)| v),
             _ => None,
         })
         .filter_map(|offsets| match offsets {
@@ -151,7 +162,8 @@ fn plan(
         .max()
         .unwrap_or(0);
     let n = text.len() as u64;
-    let parsed = safetensors::parse_header(text.as_bytes(), 8 + n + data_len).map_err(|e| e.to_string())?;
+    let parsed =
+        safetensors::parse_header(text.as_bytes(), 8 + n + data_len).map_err(|e| e.to_string())?;
     let mut prefix = Vec::with_capacity(8 + text.len());
     prefix.extend_from_slice(&n.to_le_bytes());
     prefix.extend_from_slice(text.as_bytes());
@@ -163,7 +175,10 @@ fn plan(
         let Body::Plain(location) = tensor.body else {
             return Err(format!("tensor {:?} is encoded, not plain", info.name));
         };
-        if tensor.dtype != info.dtype || tensor.shape != info.shape || location.length != info.end - info.begin {
+        if tensor.dtype != info.dtype
+            || tensor.shape != info.shape
+            || location.length != info.end - info.begin
+        {
             return Err(format!(
                 "tensor {:?} is {} {:?} ({} bytes) in the header but {} {:?} ({} bytes) in the file",
                 info.name, tensor.dtype, tensor.shape, location.length, info.dtype, info.shape,

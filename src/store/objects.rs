@@ -50,7 +50,9 @@ impl Store {
             return Ok(object);
         }
         let mut writer = self.writer()?;
-        writer.write_all(bytes).map_err(io_err("write", &writer.temp))?;
+        writer
+            .write_all(bytes)
+            .map_err(io_err("write", &writer.temp))?;
         writer.finish(Some(&object))
     }
 
@@ -124,13 +126,19 @@ fn reap(tmp: &Path) -> StoreResult<()> {
         if pid == std::process::id().to_string() {
             continue;
         }
-        let Ok(lock) = File::open(entry.path()) else { continue };
+        let Ok(lock) = File::open(entry.path()) else {
+            continue;
+        };
         if lock.try_lock().is_err() {
             continue;
         }
         let prefix = format!("tensorfs-{pid}-");
         for temp in fs::read_dir(tmp).map_err(io_err("list", tmp))?.flatten() {
-            if temp.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+            if temp
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+            {
                 let _ = fs::remove_file(temp.path());
             }
         }
@@ -169,34 +177,89 @@ impl ObjectWriter {
     ///
     /// # Errors
     /// The bytes differ from `expect`, or flushing, `chmod` or `rename` fails.
-    pub fn finish(mut self, expect: Option<&ObjectRef>) -> StoreResult<ObjectRef> {
-        let file = self.file.take().expect("finish runs once");
-        let object = std::mem::take(&mut self.hasher).finish();
+    pub fn finish(self, expect: Option<&ObjectRef>) -> StoreResult<ObjectRef> {
+        let staged = self.finish_staged()?;
         if let Some(expect) = expect {
-            if *expect != object {
+            if *expect != staged.object {
                 return Err(StoreError::Mismatch {
                     expected: *expect,
-                    found: format!("sha256 {} ({} bytes)", object.sha256, object.length),
-                    path: self.temp.clone(),
+                    found: format!(
+                        "sha256 {} ({} bytes)",
+                        staged.object.sha256, staged.object.length
+                    ),
+                    path: staged.temp.clone(),
                 });
             }
         }
-        let dest = self.store.object_path(&object);
-        if self.store.contains(&object) {
-            return Ok(object);
-        }
+        staged.publish()
+    }
+
+    /// Flushes and seals the bytes without naming them yet: the object appears in the store
+    /// only when [`Staged::publish`] runs, and dropping the [`Staged`] removes it. An import
+    /// stages everything, then publishes, so a failed import leaves the store as it was.
+    ///
+    /// # Errors
+    /// Flushing or `chmod` fails.
+    pub fn finish_staged(mut self) -> StoreResult<Staged> {
+        let file = self.file.take().expect("finish runs once");
+        let object = std::mem::take(&mut self.hasher).finish();
         file.sync_all().map_err(io_err("fsync", &self.temp))?;
         file.set_permissions(fs::Permissions::from_mode(0o444))
             .map_err(io_err("chmod", &self.temp))?;
-        drop(file);
+        Ok(Staged {
+            store: self.store.clone(),
+            temp: std::mem::take(&mut self.temp),
+            object,
+        })
+    }
+}
+
+/// A sealed object not yet in the store (see [`ObjectWriter::finish_staged`]).
+#[derive(Debug)]
+pub struct Staged {
+    store: Store,
+    temp: PathBuf,
+    object: ObjectRef,
+}
+
+impl Staged {
+    /// The object the bytes make.
+    pub fn object(&self) -> &ObjectRef {
+        &self.object
+    }
+
+    /// Names the object in the store (keeping an identical copy already there) and notes it in
+    /// the verification ledger.
+    ///
+    /// # Errors
+    /// Creating the blob's folder or the rename fails.
+    pub fn publish(mut self) -> StoreResult<ObjectRef> {
+        let temp = std::mem::take(&mut self.temp);
+        let object = self.object;
+        if self.store.contains(&object) {
+            let _ = fs::remove_file(&temp);
+            return Ok(object);
+        }
+        let dest = self.store.object_path(&object);
         let parent = dest.parent().expect("blob paths have parents");
         fs::create_dir_all(parent).map_err(io_err("create", parent))?;
-        fs::rename(&self.temp, &dest).map_err(io_err("rename", &dest))?;
+        if let Err(e) = fs::rename(&temp, &dest) {
+            let _ = fs::remove_file(&temp);
+            return Err(io_err("rename", &dest)(e));
+        }
         if let Ok(meta) = fs::metadata(&dest) {
             // The ledger only saves a later re-hash; failing to note it loses nothing.
             let _ = Ledger::append(&self.store, &[(object, meta)]);
         }
         Ok(object)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.temp.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.temp);
+        }
     }
 }
 
@@ -208,7 +271,10 @@ impl Write for ObjectWriter {
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.file.as_mut().expect("open until finish").write_all(buf)?;
+        self.file
+            .as_mut()
+            .expect("open until finish")
+            .write_all(buf)?;
         self.hasher.update(buf);
         Ok(())
     }
@@ -220,7 +286,7 @@ impl Write for ObjectWriter {
 
 impl Drop for ObjectWriter {
     fn drop(&mut self) {
-        if self.file.take().is_some() || self.temp.exists() {
+        if !self.temp.as_os_str().is_empty() {
             let _ = fs::remove_file(&self.temp);
         }
     }

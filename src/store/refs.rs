@@ -152,7 +152,10 @@ fn read_ref(path: &PathBuf) -> StoreResult<Option<Repo>> {
     match fs::read(path) {
         Ok(bytes) => Repo::from_json(&bytes)
             .map(Some)
-            .map_err(|source| StoreError::Format { path: path.clone(), source }),
+            .map_err(|source| StoreError::Format {
+                path: path.clone(),
+                source,
+            }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_err("read", path)(e)),
     }
@@ -168,7 +171,10 @@ mod tests {
         assert_eq!(ref_segment("sd-xl_1.0"), "sd-xl_1.0");
         for odd in ["con", "COM1", "a b", ".hidden", "trailing.", "ünï"] {
             let hashed = ref_segment(odd);
-            assert!(hashed.starts_with('%') && hashed.len() == 65, "{odd}: {hashed}");
+            assert!(
+                hashed.starts_with('%') && hashed.len() == 65,
+                "{odd}: {hashed}"
+            );
         }
         assert_eq!(ref_segment("ACME"), ref_segment("acme"));
     }

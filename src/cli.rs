@@ -1,0 +1,100 @@
+//! The `tensorfs` command line: argument parsing, logging setup and one module per verb.
+
+mod export;
+mod import;
+mod inspect;
+mod target;
+mod verify;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::store::Store;
+
+/// Model checkpoints stored once, mounted as ordinary Diffusers and Transformers folders.
+#[derive(Debug, Parser)]
+#[command(name = "tensorfs", version, about, long_about = None)]
+pub struct Cli {
+    /// The store: this flag, else $TENSORFS_HOME, else ~/.cache/tensorfs.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// The verb.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Import a Diffusers or Transformers folder, or .safetensors files, as local/NAME.
+    Import(import::Args),
+    /// List the store's repos, revisions and lanes.
+    Ls(inspect::LsArgs),
+    /// Describe a checkpoint: components, tensors, chunks and files.
+    Inspect(inspect::Args),
+    /// Write a lane folder's files (the same files the mount shows) into DIR.
+    Export(export::Args),
+    /// Re-hash objects: every blob, or the closure of REF; --repair removes damaged ones.
+    Verify(verify::Args),
+}
+
+impl Cli {
+    /// The store this invocation uses.
+    ///
+    /// # Errors
+    /// No store flag, no `TENSORFS_HOME` and no `HOME`.
+    pub fn store_root(&self) -> anyhow::Result<PathBuf> {
+        if let Some(dir) = &self.store {
+            return Ok(dir.clone());
+        }
+        if let Some(dir) = std::env::var_os("TENSORFS_HOME").filter(|d| !d.is_empty()) {
+            return Ok(PathBuf::from(dir));
+        }
+        let home = std::env::var_os("HOME")
+            .filter(|d| !d.is_empty())
+            .ok_or_else(|| {
+                anyhow::anyhow!("no store: pass --store DIR or set TENSORFS_HOME (HOME is unset)")
+            })?;
+        Ok(PathBuf::from(home).join(".cache").join("tensorfs"))
+    }
+
+    /// Opens (creating if needed) the store.
+    ///
+    /// # Errors
+    /// The directory is not a store.
+    pub fn open_store(&self) -> anyhow::Result<Store> {
+        Ok(Store::open(self.store_root()?)?)
+    }
+}
+
+/// Sets up logging once: `RUST_LOG` when set, else warnings and errors on stderr.
+pub fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs the command line; errors are printed with their causes.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging("warn");
+    let result = match &cli.command {
+        Command::Import(args) => import::run(&cli, args),
+        Command::Ls(args) => inspect::ls(&cli, args),
+        Command::Inspect(args) => inspect::run(&cli, args),
+        Command::Export(args) => export::run(&cli, args),
+        Command::Verify(args) => verify::run(&cli, args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tensorfs: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

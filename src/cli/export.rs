@@ -1,0 +1,78 @@
+//! `tensorfs export REF DIR`: the lane folder's files, as the mount shows them.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+
+use super::target::resolve_one;
+use super::Cli;
+use crate::io::{BlobReader, BlobReaderConfig};
+use crate::layout::{LaneFile, LaneView};
+
+/// Arguments of `export`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// org/name[@revision] or sha256:<commit>.
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// The folder to write; it must not exist or be empty.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// The lane, when the revision has several.
+    #[arg(long)]
+    pub lane: Option<String>,
+}
+
+pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    let store = cli.open_store()?;
+    let (target, commit) = resolve_one(&store, &args.reference, args.lane.as_deref())?;
+    let view = LaneView::build(&commit.id, &commit.tree, &commit.header)?;
+    if args.dir.exists() && fs::read_dir(&args.dir)?.next().is_some() {
+        bail!(
+            "{} is not empty; export writes into a new or empty folder",
+            args.dir.display()
+        );
+    }
+    fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
+    let reader = BlobReader::new(store, BlobReaderConfig::default());
+    for file in &view.files {
+        write_file(&reader, file, &args.dir).with_context(|| format!("exporting {}", file.path))?;
+    }
+    println!(
+        "exported {} lane {} ({} files) into {}",
+        target.repo.as_deref().unwrap_or(&commit.id.id()),
+        target.lane,
+        view.files.len(),
+        args.dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes one file under `root`. Its path was checked to be relative with no `..` when the view
+/// was built; each folder is created here, so nothing lands outside `root`.
+fn write_file(reader: &BlobReader, file: &LaneFile, root: &Path) -> anyhow::Result<()> {
+    let dest = root.join(&file.path);
+    if let Some(parent) = dest.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let mut out: File = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&dest)?;
+    let size = file.content.size();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut at = 0;
+    while at < size {
+        let n = file.content.read_at(reader, at, &mut buf)?;
+        if n == 0 {
+            bail!("{} ended at {at} of {size} bytes", file.path);
+        }
+        out.write_all(&buf[..n])?;
+        at += n as u64;
+    }
+    out.sync_all()?;
+    Ok(())
+}

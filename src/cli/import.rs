@@ -1,0 +1,92 @@
+//! `tensorfs import SRC... --name local/NAME`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::Cli;
+use crate::import::{import, ImportConfig, Progress};
+
+/// Arguments of `import`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A Diffusers folder (with model_index.json), a Transformers folder, or .safetensors files.
+    #[arg(required = true, value_name = "SRC")]
+    pub sources: Vec<PathBuf>,
+    /// The repo to add the commits to: local/<name>.
+    #[arg(long, value_name = "local/NAME")]
+    pub name: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Chunk-writing threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+struct Bar(Option<ProgressBar>);
+
+impl Progress for Bar {
+    fn start(&self, total_bytes: u64) {
+        if let Some(bar) = &self.0 {
+            bar.set_length(total_bytes);
+        }
+    }
+
+    fn advance(&self, bytes: u64) {
+        if let Some(bar) = &self.0 {
+            bar.inc(bytes);
+        }
+    }
+}
+
+pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    let store = cli.open_store()?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} importing {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} {eta}",
+            )
+            .expect("a valid template"),
+        );
+        bar
+    });
+    let mut config = ImportConfig::default();
+    if let Some(threads) = args.threads {
+        config.threads = threads.max(1);
+    }
+    let progress = Bar(bar);
+    let report = import(&store, &args.sources, &args.name, &config, &progress);
+    if let Some(bar) = &progress.0 {
+        bar.finish_and_clear();
+    }
+    let report = report?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for lane in &report.lanes {
+            println!(
+                "imported {}@{} lane {}: {} tensors, {} files ({})",
+                report.name,
+                lane.commit,
+                lane.lane,
+                lane.tensors,
+                lane.files,
+                human(lane.tensor_bytes)
+            );
+        }
+        for (path, why) in &report.skipped {
+            eprintln!("tensorfs: skipped {path}: {why}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes for people: `1.5 GiB`.
+pub(crate) fn human(bytes: u64) -> String {
+    indicatif::BinaryBytes(bytes).to_string()
+}

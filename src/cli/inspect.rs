@@ -1,0 +1,198 @@
+//! `tensorfs ls` and `tensorfs inspect REF`.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use serde_json::json;
+
+use super::import::human;
+use super::target::resolve;
+use super::Cli;
+use crate::format::{Body, Header, Value};
+use crate::layout::LaneView;
+use crate::revisions::revisions;
+
+/// Arguments of `ls`.
+#[derive(Debug, clap::Args)]
+pub struct LsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `inspect`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// org/name[@revision] or sha256:<commit>.
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// Only this lane.
+    #[arg(long)]
+    pub lane: Option<String>,
+    /// Print JSON: every component, tensor and file.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
+    let store = cli.open_store()?;
+    let mut rows = Vec::new();
+    for repo in store.repos()? {
+        for rev in revisions(&store, &repo)? {
+            for (lane, commit) in &rev.lanes {
+                rows.push(json!({"repo": repo.name, "revision": rev.name, "lane": lane, "commit": commit.id()}));
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        for r in &rows {
+            println!(
+                "{}/{}/{}\t{}",
+                r["repo"].as_str().unwrap_or(""),
+                r["revision"].as_str().unwrap_or(""),
+                r["lane"].as_str().unwrap_or(""),
+                r["commit"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    let store = cli.open_store()?;
+    let mut out = Vec::new();
+    for target in resolve(&store, &args.reference, args.lane.as_deref())? {
+        let commit = store.commit(&target.commit)?;
+        let view = LaneView::build(&commit.id, &commit.tree, &commit.header)?;
+        out.push((target, commit, view));
+    }
+    if args.json {
+        let docs: Vec<_> = out
+            .iter()
+            .map(|(t, c, view)| {
+                json!({
+                    "repo": t.repo,
+                    "lane": t.lane,
+                    "commit": c.id.id(),
+                    "header": c.header_ref.id(),
+                    "header_json": header_json(&c.header),
+                    "files": view.files.iter().map(|f| json!({"path": f.path, "size": f.content.size()})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&docs)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (t, c, view) in &out {
+        let h = &c.header;
+        println!(
+            "{} lane {} (commit {}, header {})",
+            t.repo.as_deref().unwrap_or("-"),
+            t.lane,
+            c.id.id(),
+            c.header_ref.id()
+        );
+        if let Some(p) = &h.pipeline {
+            println!(
+                "  pipeline {} {} {}",
+                p.class.library, p.class.version, p.class.name
+            );
+        }
+        for comp in &h.components {
+            let mut kinds: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+            for tensor in &comp.tensors {
+                let (kind, bytes) = match &tensor.body {
+                    Body::Plain(at) => (tensor.dtype.name().to_owned(), at.length),
+                    Body::Encoded { encoding, parts } => (
+                        h.encodings[*encoding].scheme.clone(),
+                        parts.iter().map(|p| p.location.length).sum(),
+                    ),
+                };
+                let e = kinds.entry(kind).or_default();
+                e.0 += 1;
+                e.1 += bytes;
+            }
+            let total: u64 = kinds.values().map(|k| k.1).sum();
+            println!(
+                "  {}: {} {} {} — {} tensors, {}, {} assets",
+                comp.name,
+                comp.class.library,
+                comp.class.version,
+                comp.class.name,
+                comp.tensors.len(),
+                human(total),
+                comp.assets.len()
+            );
+            for (kind, (n, bytes)) in kinds {
+                println!("    {n} × {kind} ({})", human(bytes));
+            }
+        }
+        let chunk_bytes: u64 = h.chunks.iter().map(|c| c.length).sum();
+        println!("  {} chunks, {}", h.chunks.len(), human(chunk_bytes));
+        println!("  {} files:", view.files.len());
+        for f in &view.files {
+            println!("    {} ({})", f.path, human(f.content.size()));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A readable JSON projection of a header (byte strings as hex).
+fn header_json(h: &Header) -> serde_json::Value {
+    let value = value_json;
+    let components: Vec<_> = h
+        .components
+        .iter()
+        .map(|c| {
+            let tensors: Vec<_> = c
+                .tensors
+                .iter()
+                .map(|t| match &t.body {
+                    Body::Plain(at) => json!({"key": t.key, "dtype": t.dtype.name(), "shape": t.shape, "location": [at.chunk, at.offset, at.length]}),
+                    Body::Encoded { encoding, parts } => json!({
+                        "key": t.key, "dtype": t.dtype.name(), "shape": t.shape,
+                        "scheme": h.encodings[*encoding].scheme,
+                        "parts": parts.iter().map(|p| json!({"role": p.role, "dtype": p.dtype.name(), "shape": p.shape, "location": [p.location.chunk, p.location.offset, p.location.length]})).collect::<Vec<_>>(),
+                    }),
+                })
+                .collect();
+            json!({
+                "name": c.name,
+                "class": [c.class.library, c.class.version, c.class.name],
+                "config_file": c.config_name(),
+                "config": value(&Value::map(c.config.clone())),
+                "assets": c.assets.iter().map(|(k, o)| (k.clone(), json!({"sha256": o.sha256.hex(), "length": o.length}))).collect::<serde_json::Map<_, _>>(),
+                "tensors": tensors,
+            })
+        })
+        .collect();
+    json!({
+        "format": h.format,
+        "chunks": h.chunks.iter().map(|o| json!({"sha256": o.sha256.hex(), "length": o.length})).collect::<Vec<_>>(),
+        "encodings": h.encodings.iter().map(|e| json!({"scheme": e.scheme, "params": value(&Value::map(e.params.clone()))})).collect::<Vec<_>>(),
+        "pipeline": h.pipeline.as_ref().map(|p| json!({"class": [p.class.library, p.class.version, p.class.name], "config": value(&Value::map(p.config.clone()))})),
+        "components": components,
+        "metadata_keys": h.metadata.keys().collect::<Vec<_>>(),
+    })
+}
+
+/// A header value as JSON for display: byte strings as hex text.
+fn value_json(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Uint(n) => json!(n),
+        Value::Nint(n) => json!(-1 - *n as i64),
+        Value::Bytes(b) => json!(hex::encode(b)),
+        Value::Text(t) => json!(t),
+        Value::Array(items) => items.iter().map(value_json).collect(),
+        Value::Map(entries) => entries
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        Value::Bool(b) => json!(b),
+        Value::Null => serde_json::Value::Null,
+        Value::Float(f) => json!(f),
+    }
+}

@@ -1,0 +1,282 @@
+//! The mounted namespace and its operations, as plain Rust: no `fuser` types here, so every
+//! operation is tested without a kernel ([`crate::fuse`] only converts and replies).
+//!
+//! ```text
+//! MOUNT/<org>/<name>/<revision>/<lane>/<files of the lane's LaneView>
+//!       \___ refs/<org>/<name>.json ___/   \___ one commit, immutable ___/
+//! ```
+//!
+//! Parts:
+//! - [`catalog`]: the [`Catalog`] trait (repos, a commit's lane label, a commit's lane view) and
+//!   [`StoreCatalog`], its implementation over a [`Store`](crate::store::Store).
+//! - [`namespace`]: a snapshot of the refs and how a revision (`latest`, a version, a commit's
+//!   hex) resolves to lane folders.
+//! - [`inodes`]: the inode table; numbers are stable for the mount's lifetime.
+//! - [`lanes`]: lane views indexed as folders, cached per commit in a bounded LRU.
+//! - [`ops`]: [`TensorFs`], the operations (lookup, getattr, readdir, open, read, xattrs, …).
+//!
+//! Data flow of a read: the kernel's `open` of a lane file becomes [`TensorFs::open`], which
+//! takes the file's [`Content`](crate::layout::Content) from the commit's cached view into a
+//! handle; each `read` is [`TensorFs::read`] → `Content::read_at` → the
+//! [`ObjectSource`](crate::layout::ObjectSource) (a verifying
+//! [`BlobReader`](crate::io::BlobReader) in a mount) → `pread` on chunk blobs.
+//!
+//! Freshness: the upper levels follow the store's refs (re-read at most every
+//! [`FsConfig::refs_check_interval`] when a signature of `refs/*/*.json` changes) and carry short
+//! kernel TTLs; a lane folder's inode is tied to its commit, so everything inside it is immutable
+//! and carries long TTLs.
+//!
+//! Non-goals: writing (every write gets `EROFS`), symlinks, hard-link counts.
+
+pub mod catalog;
+pub mod inodes;
+pub mod lanes;
+pub mod namespace;
+mod ops;
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::time::{Duration, SystemTime};
+
+pub use catalog::{Catalog, CommitLane, LaneContents, RepoEntry, StoreCatalog};
+pub use ops::TensorFs;
+
+use crate::layout::LayoutError;
+use crate::store::StoreError;
+
+/// Inode number of the mount's root.
+pub const ROOT_INO: u64 = 1;
+
+/// The folder name of a commit's lane when its tree has no lane label. No label can start with
+/// `_` (spec §3), so it never collides with a labelled lane.
+pub const UNLABELLED_LANE: &str = "_";
+
+/// The revision folder that follows the newest release (or the newest commit of each lane).
+pub const LATEST: &str = "latest";
+
+/// Extended attribute naming the commit (`sha256:<hex>`) of a lane folder or file.
+pub const XATTR_COMMIT: &str = "user.tensorfs.commit";
+
+/// Extended attribute naming the header object (`sha256:<hex>`) of a lane folder or file.
+pub const XATTR_HEADER: &str = "user.tensorfs.header";
+
+/// Settings of the namespace.
+#[derive(Clone, Debug)]
+pub struct FsConfig {
+    /// Kernel entry and attribute TTL for the upper levels (root, org, repo, revision), which
+    /// change when refs change. Default 1 s.
+    pub upper_ttl: Duration,
+    /// Kernel entry and attribute TTL inside lane folders, which never change. Default 1 h.
+    pub lane_ttl: Duration,
+    /// How often, at most, the refs are checked for changes. Default 1 s.
+    pub refs_check_interval: Duration,
+    /// Lane views kept built (one per commit). Default 256.
+    pub max_cached_lanes: usize,
+    /// `st_blksize` of every file and folder in bytes; readers (Python's `open`) size their
+    /// buffers by it. Default 1 MiB.
+    pub blksize_bytes: u32,
+    /// Owner of every file and folder. Default: the process's effective uid.
+    pub uid: u32,
+    /// Group of every file and folder. Default: the process's effective gid.
+    pub gid: u32,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        // SAFETY: geteuid and getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        FsConfig {
+            upper_ttl: Duration::from_secs(1),
+            lane_ttl: Duration::from_secs(3600),
+            refs_check_interval: Duration::from_secs(1),
+            max_cached_lanes: 256,
+            blksize_bytes: 1 << 20,
+            uid,
+            gid,
+        }
+    }
+}
+
+/// Why a commit cannot be shown.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// Its tree or header is absent, damaged or malformed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Its lane view cannot be laid out.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+}
+
+/// Why an operation failed. The errno is decided in one place, [`FsError::errno`].
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// No entry of that name.
+    #[error("no entry {name:?} in inode {parent}")]
+    NotFound {
+        /// The folder looked in.
+        parent: u64,
+        /// The name looked up.
+        name: String,
+    },
+    /// The inode number was never given out.
+    #[error("unknown inode {0}")]
+    UnknownInode(u64),
+    /// A folder operation on a file.
+    #[error("inode {0} is not a folder")]
+    NotADirectory(u64),
+    /// A file operation on a folder.
+    #[error("inode {0} is a folder")]
+    IsADirectory(u64),
+    /// Any attempt to change the mount.
+    #[error("the mount is read-only")]
+    ReadOnly,
+    /// A handle that is not open.
+    #[error("handle {0} is not open")]
+    BadHandle(u64),
+    /// The store's refs cannot be listed.
+    #[error("reading the store's refs: {0}")]
+    Refs(#[source] StoreError),
+    /// A commit's tree, header or layout cannot be read.
+    #[error("commit {commit}: {source}")]
+    Commit {
+        /// The commit's id (`sha256:<hex>`).
+        commit: String,
+        /// What failed.
+        #[source]
+        source: CommitError,
+    },
+    /// Reading a file's bytes failed (an absent or damaged blob).
+    #[error("commit {commit}: reading {path}: {source}")]
+    Read {
+        /// The commit's id.
+        commit: String,
+        /// The file's path in the lane folder.
+        path: String,
+        /// The object source's error (`InvalidData` for a damaged blob).
+        #[source]
+        source: io::Error,
+    },
+    /// An extended attribute the inode does not have.
+    #[error("no attribute {0:?}")]
+    NoAttribute(String),
+    /// The caller's buffer cannot hold the attribute value or list.
+    #[error("{needed} bytes do not fit a {capacity}-byte buffer")]
+    Range {
+        /// Bytes of the value.
+        needed: usize,
+        /// Bytes offered.
+        capacity: usize,
+    },
+    /// An ioctl command; none is supported.
+    #[error("ioctl {0:#x} is not supported")]
+    NoIoctl(u32),
+}
+
+/// Result of the `fs` layer.
+pub type FsResult<T> = Result<T, FsError>;
+
+impl FsError {
+    /// The errno the kernel is answered with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound { .. } | FsError::UnknownInode(_) => libc::ENOENT,
+            FsError::NotADirectory(_) => libc::ENOTDIR,
+            FsError::IsADirectory(_) => libc::EISDIR,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::BadHandle(_) => libc::EBADF,
+            FsError::Refs(_) | FsError::Commit { .. } | FsError::Read { .. } => libc::EIO,
+            FsError::NoAttribute(_) => libc::ENODATA,
+            FsError::Range { .. } => libc::ERANGE,
+            FsError::NoIoctl(_) => libc::ENOTTY,
+        }
+    }
+}
+
+/// Whether an inode is a folder or a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A folder (mode 0555).
+    Directory,
+    /// A regular read-only file (mode 0444).
+    File,
+}
+
+/// The attributes of an inode, as `stat` shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// Folder or file.
+    pub kind: Kind,
+    /// Size in bytes (0 for folders).
+    pub size: u64,
+    /// Permission bits (0o555 or 0o444).
+    pub perm: u16,
+    /// Link count (2 for folders, 1 for files).
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Modification (and change, access) time.
+    pub mtime: SystemTime,
+    /// Preferred I/O size in bytes.
+    pub blksize: u32,
+}
+
+/// A looked-up inode with how long the kernel may cache the entry and its attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Its attributes.
+    pub attr: Attr,
+    /// Entry and attribute TTL.
+    pub ttl: Duration,
+}
+
+/// One entry of a folder listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Inode number.
+    pub ino: u64,
+    /// Offset of the entry after this one (what a later `readdir` passes to continue).
+    pub next_offset: u64,
+    /// Folder or file.
+    pub kind: Kind,
+    /// Its name (`.` and `..` included).
+    pub name: String,
+}
+
+/// What `open` answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The handle later reads and the release pass.
+    pub fh: u64,
+    /// Keep the page cache between opens (lane files never change).
+    pub keep_cache: bool,
+}
+
+/// What an xattr query answers: the size when probed with size 0, else the bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XattrReply {
+    /// The value's (or list's) size in bytes.
+    Size(u32),
+    /// The value (or the NUL-separated names).
+    Data(Vec<u8>),
+}
+
+/// Totals `statfs` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsStats {
+    /// Blocks of `fragment_size` bytes on the store's filesystem.
+    pub blocks: u64,
+    /// Inodes given out so far.
+    pub files: u64,
+    /// Preferred I/O size in bytes.
+    pub block_size: u32,
+    /// Unit of `blocks` in bytes.
+    pub fragment_size: u32,
+    /// Longest name in bytes.
+    pub name_max: u32,
+}

@@ -1,0 +1,192 @@
+//! What the namespace needs from a store, behind a trait so tests use an in-memory catalog.
+
+use std::collections::hash_map::DefaultHasher;
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::CommitError;
+use crate::format::{ObjectRef, Repo, Tree};
+use crate::layout::LaneView;
+use crate::store::{Store, StoreError};
+
+/// A repo document and when its ref last changed.
+#[derive(Clone, Debug)]
+pub struct RepoEntry {
+    /// The document.
+    pub repo: Repo,
+    /// The ref file's modification time (the upper folders' mtime).
+    pub mtime: SystemTime,
+}
+
+/// A commit's lane label, read from its tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitLane {
+    /// The tree's `lane`; `None` shows as [`super::UNLABELLED_LANE`].
+    pub lane: Option<String>,
+    /// The tree blob's modification time (the lane folder's mtime).
+    pub mtime: SystemTime,
+}
+
+/// A commit laid out as a lane folder.
+#[derive(Clone, Debug)]
+pub struct LaneContents {
+    /// The files.
+    pub view: LaneView,
+    /// The header object (for the `user.tensorfs.header` attribute).
+    pub header: ObjectRef,
+    /// The tree blob's modification time (every file's mtime).
+    pub mtime: SystemTime,
+}
+
+/// The store as the namespace sees it. Implementations are called from many threads.
+pub trait Catalog: Send + Sync {
+    /// A cheap value that changes whenever any ref changes (names, sizes, mtimes of
+    /// `refs/*/*.json`).
+    ///
+    /// # Errors
+    /// The refs cannot be listed.
+    fn refs_signature(&self) -> Result<u64, StoreError>;
+
+    /// Every repo, sorted by name.
+    ///
+    /// # Errors
+    /// The refs cannot be listed.
+    fn repos(&self) -> Result<Vec<RepoEntry>, StoreError>;
+
+    /// The lane label of commit `commit` (reads only its tree).
+    ///
+    /// # Errors
+    /// The tree is absent, damaged or malformed.
+    fn commit_lane(&self, commit: &ObjectRef) -> Result<CommitLane, CommitError>;
+
+    /// Commit `commit` laid out as a lane folder.
+    ///
+    /// # Errors
+    /// The tree or header is absent, damaged or malformed, or cannot be laid out.
+    fn lane(&self, commit: &ObjectRef) -> Result<LaneContents, CommitError>;
+
+    /// Size of the filesystem holding the store: blocks and the block unit in bytes.
+    fn capacity(&self) -> Option<(u64, u32)> {
+        None
+    }
+}
+
+/// The [`Catalog`] of a store on disk.
+#[derive(Clone, Debug)]
+pub struct StoreCatalog {
+    store: Store,
+}
+
+impl StoreCatalog {
+    /// The catalog of `store`.
+    pub fn new(store: Store) -> StoreCatalog {
+        StoreCatalog { store }
+    }
+
+    fn blob_mtime(&self, object: &ObjectRef) -> SystemTime {
+        fs::metadata(self.store.object_path(object))
+            .and_then(|m| m.modified())
+            .unwrap_or(UNIX_EPOCH)
+    }
+}
+
+impl Catalog for StoreCatalog {
+    fn refs_signature(&self) -> Result<u64, StoreError> {
+        let refs = self.store.root().join("refs");
+        refs_signature(&refs).map_err(crate::store::io_err("list", &refs))
+    }
+
+    fn repos(&self) -> Result<Vec<RepoEntry>, StoreError> {
+        let repos = self.store.repos()?;
+        Ok(repos
+            .into_iter()
+            .map(|repo| {
+                let mtime = self
+                    .store
+                    .ref_path(&repo.name)
+                    .ok()
+                    .and_then(|p| fs::metadata(p).ok())
+                    .and_then(|m| m.modified().ok())
+                    .unwrap_or(UNIX_EPOCH);
+                RepoEntry { repo, mtime }
+            })
+            .collect())
+    }
+
+    fn commit_lane(&self, commit: &ObjectRef) -> Result<CommitLane, CommitError> {
+        let bytes = self.store.read_verified(commit)?;
+        let tree = Tree::from_json(&bytes).map_err(|source| StoreError::Format {
+            path: self.store.object_path(commit),
+            source,
+        })?;
+        Ok(CommitLane {
+            lane: tree.lane,
+            mtime: self.blob_mtime(commit),
+        })
+    }
+
+    fn lane(&self, commit: &ObjectRef) -> Result<LaneContents, CommitError> {
+        let c = self.store.commit(commit)?;
+        let view = LaneView::build(commit, &c.tree, &c.header)?;
+        Ok(LaneContents {
+            view,
+            header: c.header_ref,
+            mtime: self.blob_mtime(commit),
+        })
+    }
+
+    fn capacity(&self) -> Option<(u64, u32)> {
+        let path = std::ffi::CString::new(self.store.root().as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: statvfs writes into the zeroed struct we own; `path` is NUL-terminated.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return None;
+        }
+        Some((st.f_blocks, st.f_frsize as u32))
+    }
+}
+
+/// A hash of the names, sizes, inodes and mtimes of `refs/*/*.json`. Refs are replaced by
+/// rename, so any change moves at least the inode and the mtime.
+///
+/// # Errors
+/// `refs` cannot be listed.
+pub fn refs_signature(refs: &Path) -> io::Result<u64> {
+    let mut rows = Vec::new();
+    for org in fs::read_dir(refs)? {
+        let org = org?;
+        if !org.file_type()?.is_dir() {
+            continue;
+        }
+        let entries = match fs::read_dir(org.path()) {
+            Ok(entries) => entries,
+            // An org folder removed while listing: its refs are gone.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            if !name.as_encoded_bytes().ends_with(b".json") {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            rows.push((
+                org.file_name(),
+                name,
+                meta.len(),
+                meta.ino(),
+                meta.mtime(),
+                meta.mtime_nsec(),
+            ));
+        }
+    }
+    rows.sort();
+    let mut hasher = DefaultHasher::new();
+    rows.hash(&mut hasher);
+    Ok(hasher.finish())
+}

@@ -1,0 +1,170 @@
+//! Lane views as folders, built on first use and cached per commit.
+//!
+//! A commit never changes, so its [`Lane`] is built once (tree and header read, layout made)
+//! and shared by every alias (`latest/<lane>`, `<version>/<lane>`, `<hex>/<lane>`). The cache
+//! is a bounded LRU: an evicted lane is built again on its next use, and inodes stay valid
+//! because they name (commit, path), not a view.
+
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+
+use super::LaneContents;
+use crate::format::{ObjectRef, Sha256};
+use crate::layout::LaneFile;
+
+/// What a name in a lane folder is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildKind {
+    /// A folder.
+    Dir,
+    /// The file at this index of the view's files.
+    File(usize),
+}
+
+/// One name in a lane folder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Child {
+    /// The name (one path segment).
+    pub name: String,
+    /// Folder or file.
+    pub kind: ChildKind,
+}
+
+/// A commit laid out, with its folders indexed.
+#[derive(Debug)]
+pub struct Lane {
+    /// The commit.
+    pub commit: ObjectRef,
+    /// Its files, header and mtime.
+    pub contents: LaneContents,
+    /// Each folder's path (`""` for the lane folder) → its children sorted by name.
+    folders: HashMap<String, Vec<Child>>,
+}
+
+impl Lane {
+    /// Indexes `contents` of `commit`.
+    pub fn new(commit: ObjectRef, contents: LaneContents) -> Lane {
+        let mut folders: BTreeMap<String, BTreeMap<String, ChildKind>> = BTreeMap::new();
+        folders.insert(String::new(), BTreeMap::new());
+        for (index, file) in contents.view.files.iter().enumerate() {
+            let mut parent = String::new();
+            let mut segments = file.path.split('/').peekable();
+            while let Some(segment) = segments.next() {
+                let last = segments.peek().is_none();
+                let kind = if last {
+                    ChildKind::File(index)
+                } else {
+                    ChildKind::Dir
+                };
+                folders
+                    .entry(parent.clone())
+                    .or_default()
+                    .insert(segment.to_owned(), kind);
+                if !last {
+                    parent = join(&parent, segment);
+                    folders.entry(parent.clone()).or_default();
+                }
+            }
+        }
+        let folders = folders
+            .into_iter()
+            .map(|(path, children)| {
+                let children = children
+                    .into_iter()
+                    .map(|(name, kind)| Child { name, kind })
+                    .collect();
+                (path, children)
+            })
+            .collect();
+        Lane {
+            commit,
+            contents,
+            folders,
+        }
+    }
+
+    /// The children of folder `path`, sorted by name; `None` when it is not a folder.
+    pub fn children(&self, path: &str) -> Option<&[Child]> {
+        self.folders.get(path).map(Vec::as_slice)
+    }
+
+    /// Child `name` of folder `path`.
+    pub fn child(&self, path: &str, name: &str) -> Option<&Child> {
+        let children = self.children(path)?;
+        children
+            .binary_search_by(|c| c.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &children[i])
+    }
+
+    /// The file at `index` of the view.
+    pub fn file(&self, index: usize) -> &LaneFile {
+        &self.contents.view.files[index]
+    }
+}
+
+/// `parent/name`, or `name` at the lane folder.
+pub fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+/// Built lanes by commit, least recently used evicted first.
+#[derive(Debug)]
+pub struct LaneCache {
+    lanes: Mutex<LruCache<Sha256, Arc<Lane>>>,
+}
+
+impl LaneCache {
+    /// A cache of at most `capacity` lanes (at least one).
+    pub fn new(capacity: usize) -> LaneCache {
+        let capacity = NonZeroUsize::new(capacity.max(1)).expect("at least one");
+        LaneCache {
+            lanes: Mutex::new(LruCache::new(capacity)),
+        }
+    }
+
+    /// The lane of `commit`, built by `build` when not cached. Two threads may build one lane
+    /// at once; both results are equal and the second replaces the first.
+    ///
+    /// # Errors
+    /// `build` fails (failures are not cached: a repaired store shows the lane again).
+    pub fn get_or_build<E>(
+        &self,
+        commit: &ObjectRef,
+        build: impl FnOnce() -> Result<LaneContents, E>,
+    ) -> Result<Arc<Lane>, E> {
+        if let Some(lane) = self
+            .lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&commit.sha256)
+        {
+            return Ok(lane.clone());
+        }
+        // Built without the lock: reading a header can take a while and must not stall
+        // lookups in other lanes.
+        let lane = Arc::new(Lane::new(*commit, build()?));
+        self.lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put(commit.sha256, lane.clone());
+        Ok(lane)
+    }
+
+    /// How many lanes are cached.
+    pub fn len(&self) -> usize {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no lane is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

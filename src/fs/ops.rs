@@ -1,0 +1,652 @@
+//! [`TensorFs`]: the operations of the mount.
+//!
+//! Locks (all `std::sync`), each held only for a lookup or an insert: `refresh` then
+//! `snapshot` (the only nesting: a refresh swaps the snapshot while holding `refresh`); the
+//! inode table, the lane cache, `commit_lanes`, `handles` and `reported` are never held
+//! together with another lock. No lock is held while the catalog reads the store, except
+//! `refresh` while the refs are re-read (other refreshes wait; lookups in lanes do not).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::catalog::{Catalog, CommitLane, StoreCatalog};
+use super::inodes::{Inode, InodeTable, Node};
+use super::lanes::{self, ChildKind, Lane, LaneCache};
+use super::namespace::{self, Snapshot};
+use super::{
+    Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, Opened, XattrReply,
+    XATTR_COMMIT, XATTR_HEADER,
+};
+use crate::format::{ObjectRef, Sha256};
+use crate::io::{BlobReader, BlobReaderConfig};
+use crate::layout::{Content, ObjectSource};
+use crate::store::Store;
+
+/// How long an error about one commit or file is not logged again.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// What the repair of a damaged store is, for error logs.
+const REPAIR: &str =
+    "run `tensorfs verify --repair` to remove damaged blobs, then import or download the model again";
+
+#[derive(Debug, Default)]
+struct RefreshState {
+    checked: Option<Instant>,
+    signature: Option<u64>,
+}
+
+#[derive(Debug)]
+struct OpenFile {
+    commit: ObjectRef,
+    path: String,
+    content: Content,
+}
+
+#[derive(Debug, Clone)]
+enum Handle {
+    File(Arc<OpenFile>),
+    /// A folder's listing taken at `opendir`, so offsets stay valid while refs change.
+    Dir(Arc<[DirEntry]>),
+}
+
+/// The read-only TensorFS namespace over a [`Catalog`] and an [`ObjectSource`].
+pub struct TensorFs {
+    catalog: Arc<dyn Catalog>,
+    objects: Arc<dyn ObjectSource>,
+    config: FsConfig,
+    mounted_at: SystemTime,
+    inodes: InodeTable,
+    lanes: LaneCache,
+    /// Lane labels of commits (trees never change).
+    commit_lanes: Mutex<HashMap<Sha256, CommitLane>>,
+    snapshot: RwLock<Arc<Snapshot>>,
+    refresh: Mutex<RefreshState>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_handle: AtomicU64,
+    /// When each failing commit or file was last logged.
+    reported: Mutex<HashMap<String, Instant>>,
+}
+
+impl std::fmt::Debug for TensorFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorFs")
+            .field("config", &self.config)
+            .field("inodes", &self.inodes.len())
+            .field("cached_lanes", &self.lanes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TensorFs {
+    /// A namespace over `catalog`, reading file bytes from `objects`.
+    pub fn new(
+        catalog: Arc<dyn Catalog>,
+        objects: Arc<dyn ObjectSource>,
+        config: FsConfig,
+    ) -> TensorFs {
+        TensorFs {
+            catalog,
+            objects,
+            lanes: LaneCache::new(config.max_cached_lanes),
+            config,
+            mounted_at: SystemTime::now(),
+            inodes: InodeTable::default(),
+            commit_lanes: Mutex::default(),
+            snapshot: RwLock::default(),
+            refresh: Mutex::default(),
+            handles: Mutex::default(),
+            next_handle: AtomicU64::new(1),
+            reported: Mutex::default(),
+        }
+    }
+
+    /// The namespace of `store`, its bytes read through a verifying [`BlobReader`].
+    pub fn over_store(store: Store, config: FsConfig) -> TensorFs {
+        let objects = Arc::new(BlobReader::new(store.clone(), BlobReaderConfig::default()));
+        TensorFs::new(Arc::new(StoreCatalog::new(store)), objects, config)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &FsConfig {
+        &self.config
+    }
+
+    /// Looks up `name` in folder `parent`.
+    ///
+    /// # Errors
+    /// `ENOENT` when absent, `ENOTDIR` when `parent` is a file, `EIO` when refs or the commit
+    /// cannot be read.
+    pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Entry> {
+        let dir = self.dir_inode(parent)?;
+        let not_found = || FsError::NotFound {
+            parent,
+            name: name.to_owned(),
+        };
+        let child = match &dir.node {
+            Node::Root => {
+                let snapshot = self.snapshot()?;
+                snapshot.orgs.get(name).ok_or_else(not_found)?;
+                self.inodes.dir(
+                    parent,
+                    name,
+                    Node::Org {
+                        org: name.to_owned(),
+                    },
+                )
+            }
+            Node::Org { org } => {
+                self.snapshot()?.repo(org, name).ok_or_else(not_found)?;
+                let node = Node::Repo {
+                    org: org.clone(),
+                    name: name.to_owned(),
+                };
+                self.inodes.dir(parent, name, node)
+            }
+            Node::Repo { org, name: repo } => {
+                let snapshot = self.snapshot()?;
+                let entry = snapshot.repo(org, repo).ok_or_else(not_found)?;
+                namespace::revision(&entry.repo, name).ok_or_else(not_found)?;
+                let node = Node::Revision {
+                    org: org.clone(),
+                    name: repo.clone(),
+                    rev: name.to_owned(),
+                };
+                self.inodes.dir(parent, name, node)
+            }
+            Node::Revision {
+                org,
+                name: repo,
+                rev,
+            } => {
+                let lanes = self.revision_lanes(org, repo, rev)?.ok_or_else(not_found)?;
+                let (_, commit) = lanes
+                    .iter()
+                    .find(|(lane, _)| lane == name)
+                    .ok_or_else(not_found)?;
+                let node = Node::LaneDir {
+                    commit: *commit,
+                    path: String::new(),
+                };
+                self.inodes.dir(parent, name, node)
+            }
+            Node::LaneDir { commit, path } => {
+                let lane = self.lane(commit)?;
+                let child = lane.child(path, name).ok_or_else(not_found)?;
+                self.lane_child(&lane, parent, path, &child.name, child.kind)
+            }
+            Node::File { .. } => unreachable!("dir_inode refuses files"),
+        };
+        let ttl = self.ttl(&dir.node);
+        Ok(Entry {
+            attr: self.attr(&child)?,
+            ttl,
+        })
+    }
+
+    /// The attributes of `ino`.
+    ///
+    /// # Errors
+    /// `ENOENT` for an unknown inode, `EIO` when a lane folder's commit cannot be read.
+    pub fn getattr(&self, ino: u64) -> FsResult<Entry> {
+        let inode = self.inode(ino)?;
+        Ok(Entry {
+            attr: self.attr(&inode)?,
+            ttl: self.ttl(&inode.node),
+        })
+    }
+
+    /// Opens folder `ino`: its listing is taken now and read by [`TensorFs::readdir`].
+    ///
+    /// # Errors
+    /// As [`TensorFs::lookup`].
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let listing = self.list(ino)?;
+        Ok(self.add_handle(Handle::Dir(listing.into())))
+    }
+
+    /// Gives the entries of folder `ino` from `offset` (0 at first, then the `next_offset` of
+    /// the last entry taken) to `add`, until `add` returns `true` (the reply is full).
+    /// `fh` is the handle of [`TensorFs::opendir`]; an unknown one lists afresh.
+    ///
+    /// # Errors
+    /// As [`TensorFs::lookup`].
+    pub fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        mut add: impl FnMut(&DirEntry) -> bool,
+    ) -> FsResult<()> {
+        let listing = match self.handle(fh) {
+            Some(Handle::Dir(listing)) => listing,
+            _ => self.list(ino)?.into(),
+        };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for entry in listing.iter().skip(start) {
+            if add(entry) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes a handle of [`TensorFs::opendir`] or [`TensorFs::open`].
+    pub fn release(&self, fh: u64) {
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh);
+    }
+
+    /// Opens file `ino` to read.
+    ///
+    /// # Errors
+    /// `EROFS` when `write` (any write access, truncation), `EISDIR` on a folder, `EIO` when
+    /// the commit cannot be laid out.
+    pub fn open(&self, ino: u64, write: bool) -> FsResult<Opened> {
+        if write {
+            return Err(FsError::ReadOnly);
+        }
+        let inode = self.inode(ino)?;
+        let Node::File { commit, path, .. } = &inode.node else {
+            return Err(FsError::IsADirectory(ino));
+        };
+        let lane = self.lane(commit)?;
+        let file = lane
+            .contents
+            .view
+            .file(path)
+            .ok_or_else(|| FsError::NotFound {
+                parent: inode.parent,
+                name: path.clone(),
+            })?;
+        let open = OpenFile {
+            commit: *commit,
+            path: path.clone(),
+            content: file.content.clone(),
+        };
+        Ok(Opened {
+            fh: self.add_handle(Handle::File(Arc::new(open))),
+            keep_cache: true,
+        })
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` of open file `fh`; returns how many (fewer
+    /// only at the end of the file).
+    ///
+    /// # Errors
+    /// `EBADF` for a handle not open to a file; `EIO` when a blob is absent or damaged (one
+    /// log line names the commit, the file and the repair).
+    pub fn read(&self, fh: u64, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
+        let Some(Handle::File(file)) = self.handle(fh) else {
+            return Err(FsError::BadHandle(fh));
+        };
+        file.content
+            .read_at(self.objects.as_ref(), offset, buf)
+            .map_err(|source| {
+                let err = FsError::Read {
+                    commit: file.commit.id(),
+                    path: file.path.clone(),
+                    source,
+                };
+                self.report(format!("{} {}", file.commit.id(), file.path), &err);
+                err
+            })
+    }
+
+    /// The value of extended attribute `name` of `ino`: its size when `size` is 0.
+    ///
+    /// # Errors
+    /// `ENODATA` for an attribute the inode lacks, `ERANGE` when `size` is too small.
+    pub fn getxattr(&self, ino: u64, name: &str, size: u32) -> FsResult<XattrReply> {
+        let inode = self.inode(ino)?;
+        let no_attribute = || FsError::NoAttribute(name.to_owned());
+        let commit = inode.node.commit().ok_or_else(no_attribute)?;
+        let value = match name {
+            XATTR_COMMIT => commit.id(),
+            XATTR_HEADER => self.lane(commit)?.contents.header.id(),
+            _ => return Err(no_attribute()),
+        };
+        sized(value.into_bytes(), size)
+    }
+
+    /// The names of `ino`'s extended attributes, each followed by NUL; their size when `size`
+    /// is 0.
+    ///
+    /// # Errors
+    /// `ERANGE` when `size` is too small.
+    pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
+        let inode = self.inode(ino)?;
+        let mut names = Vec::new();
+        if inode.node.in_lane() {
+            for name in [XATTR_COMMIT, XATTR_HEADER] {
+                names.extend_from_slice(name.as_bytes());
+                names.push(0);
+            }
+        }
+        sized(names, size)
+    }
+
+    /// An ioctl on an open file; none is supported (Python's `open` sends `TCGETS` to learn
+    /// the file is not a terminal).
+    ///
+    /// # Errors
+    /// Always `ENOTTY`.
+    pub fn ioctl(&self, cmd: u32) -> FsResult<()> {
+        Err(FsError::NoIoctl(cmd))
+    }
+
+    /// Checks access `mask` (`R_OK`, `W_OK`, `X_OK` bits) to `ino`.
+    ///
+    /// # Errors
+    /// `ENOENT` for an unknown inode, `EROFS` when asking to write.
+    pub fn access(&self, ino: u64, mask: i32) -> FsResult<()> {
+        self.inode(ino)?;
+        if mask & libc::W_OK != 0 {
+            return Err(FsError::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// The mount's totals: the store's filesystem size, no free space (nothing can be written).
+    pub fn statfs(&self) -> FsStats {
+        let (blocks, fragment_size) = self.catalog.capacity().unwrap_or((0, 4096));
+        FsStats {
+            blocks,
+            files: self.inodes.len(),
+            block_size: self.config.blksize_bytes,
+            fragment_size,
+            name_max: 255,
+        }
+    }
+
+    fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        self.inodes.get(ino).ok_or(FsError::UnknownInode(ino))
+    }
+
+    fn dir_inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        let inode = self.inode(ino)?;
+        if !inode.node.is_dir() {
+            return Err(FsError::NotADirectory(ino));
+        }
+        Ok(inode)
+    }
+
+    fn ttl(&self, node: &Node) -> Duration {
+        if node.in_lane() {
+            self.config.lane_ttl
+        } else {
+            self.config.upper_ttl
+        }
+    }
+
+    fn attr(&self, inode: &Inode) -> FsResult<Attr> {
+        let snapshot = || {
+            self.snapshot
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        let (kind, size, mtime) = match &inode.node {
+            Node::Root => (Kind::Directory, 0, self.mounted_at),
+            Node::Org { org } => {
+                let mtime = snapshot().orgs.get(org).map(|o| o.mtime);
+                (Kind::Directory, 0, mtime.unwrap_or(self.mounted_at))
+            }
+            Node::Repo { org, name } | Node::Revision { org, name, .. } => {
+                let mtime = snapshot().repo(org, name).map(|r| r.mtime);
+                (Kind::Directory, 0, mtime.unwrap_or(self.mounted_at))
+            }
+            Node::LaneDir { commit, .. } => (Kind::Directory, 0, self.commit_lane(commit)?.mtime),
+            Node::File { size, mtime, .. } => (Kind::File, *size, *mtime),
+        };
+        let dir = kind == Kind::Directory;
+        Ok(Attr {
+            ino: inode.ino,
+            kind,
+            size,
+            perm: if dir { 0o555 } else { 0o444 },
+            nlink: if dir { 2 } else { 1 },
+            uid: self.config.uid,
+            gid: self.config.gid,
+            mtime,
+            blksize: self.config.blksize_bytes,
+        })
+    }
+
+    /// The listing of folder `ino`: `.`, `..`, then its children.
+    fn list(&self, ino: u64) -> FsResult<Vec<DirEntry>> {
+        let dir = self.dir_inode(ino)?;
+        let mut children: Vec<(Arc<Inode>, String)> = Vec::new();
+        match &dir.node {
+            Node::Root => {
+                for org in self.snapshot()?.orgs.keys() {
+                    let node = Node::Org { org: org.clone() };
+                    children.push((self.inodes.dir(ino, org, node), org.clone()));
+                }
+            }
+            Node::Org { org } => {
+                let snapshot = self.snapshot()?;
+                for name in snapshot
+                    .orgs
+                    .get(org)
+                    .into_iter()
+                    .flat_map(|o| o.repos.keys())
+                {
+                    let node = Node::Repo {
+                        org: org.clone(),
+                        name: name.clone(),
+                    };
+                    children.push((self.inodes.dir(ino, name, node), name.clone()));
+                }
+            }
+            Node::Repo { org, name } => {
+                let snapshot = self.snapshot()?;
+                if let Some(entry) = snapshot.repo(org, name) {
+                    for rev in namespace::revision_names(&entry.repo) {
+                        let node = Node::Revision {
+                            org: org.clone(),
+                            name: name.clone(),
+                            rev: rev.clone(),
+                        };
+                        children.push((self.inodes.dir(ino, &rev, node), rev));
+                    }
+                }
+            }
+            Node::Revision { org, name, rev } => {
+                for (lane, commit) in self.revision_lanes(org, name, rev)?.unwrap_or_default() {
+                    let node = Node::LaneDir {
+                        commit,
+                        path: String::new(),
+                    };
+                    children.push((self.inodes.dir(ino, &lane, node), lane));
+                }
+            }
+            Node::LaneDir { commit, path } => {
+                let lane = self.lane(commit)?;
+                for child in lane.children(path).unwrap_or_default() {
+                    let inode = self.lane_child(&lane, ino, path, &child.name, child.kind);
+                    children.push((inode, child.name.clone()));
+                }
+            }
+            Node::File { .. } => unreachable!("dir_inode refuses files"),
+        }
+        let dots = [(ino, ".".to_owned()), (dir.parent, "..".to_owned())];
+        let dots = dots
+            .into_iter()
+            .map(|(ino, name)| (ino, Kind::Directory, name));
+        let rest = children.into_iter().map(|(inode, name)| {
+            let kind = if inode.node.is_dir() {
+                Kind::Directory
+            } else {
+                Kind::File
+            };
+            (inode.ino, kind, name)
+        });
+        Ok(dots
+            .chain(rest)
+            .enumerate()
+            .map(|(i, (ino, kind, name))| DirEntry {
+                ino,
+                next_offset: i as u64 + 1,
+                kind,
+                name,
+            })
+            .collect())
+    }
+
+    /// The inode of child `name` (of `kind`) of folder `path` in `lane`.
+    fn lane_child(
+        &self,
+        lane: &Lane,
+        parent: u64,
+        path: &str,
+        name: &str,
+        kind: ChildKind,
+    ) -> Arc<Inode> {
+        match kind {
+            ChildKind::Dir => {
+                let node = Node::LaneDir {
+                    commit: lane.commit,
+                    path: lanes::join(path, name),
+                };
+                self.inodes.dir(parent, name, node)
+            }
+            ChildKind::File(index) => {
+                let file = lane.file(index);
+                let size = file.content.size();
+                self.inodes
+                    .file(parent, &lane.commit, &file.path, size, lane.contents.mtime)
+            }
+        }
+    }
+
+    /// The current refs, re-read first when the check interval passed and they changed.
+    fn snapshot(&self) -> FsResult<Arc<Snapshot>> {
+        {
+            let mut state = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
+            let due = state
+                .checked
+                .is_none_or(|at| at.elapsed() >= self.config.refs_check_interval);
+            if due {
+                state.checked = Some(Instant::now());
+                let signature = self.catalog.refs_signature().map_err(FsError::Refs)?;
+                if state.signature != Some(signature) {
+                    let repos = self.catalog.repos().map_err(FsError::Refs)?;
+                    *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) =
+                        Arc::new(Snapshot::new(repos));
+                    state.signature = Some(signature);
+                }
+            }
+        }
+        Ok(self
+            .snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone())
+    }
+
+    /// The lane folders of revision `rev` of repo `org/name`; `None` when there is no such
+    /// repo or revision (any more).
+    fn revision_lanes(
+        &self,
+        org: &str,
+        name: &str,
+        rev: &str,
+    ) -> FsResult<Option<Vec<(String, ObjectRef)>>> {
+        let snapshot = self.snapshot()?;
+        let Some(entry) = snapshot.repo(org, name) else {
+            return Ok(None);
+        };
+        let Some(revision) = namespace::revision(&entry.repo, rev) else {
+            return Ok(None);
+        };
+        namespace::lanes(&entry.repo, revision, |c| {
+            self.commit_lane(c).map(|l| l.lane)
+        })
+        .map(Some)
+    }
+
+    fn commit_lane(&self, commit: &ObjectRef) -> FsResult<CommitLane> {
+        if let Some(lane) = self
+            .commit_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&commit.sha256)
+        {
+            return Ok(lane.clone());
+        }
+        let lane = self
+            .catalog
+            .commit_lane(commit)
+            .map_err(|source| self.commit_error(commit, source))?;
+        self.commit_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(commit.sha256, lane.clone());
+        Ok(lane)
+    }
+
+    fn lane(&self, commit: &ObjectRef) -> FsResult<Arc<Lane>> {
+        self.lanes
+            .get_or_build(commit, || self.catalog.lane(commit))
+            .map_err(|source| self.commit_error(commit, source))
+    }
+
+    fn commit_error(&self, commit: &ObjectRef, source: super::CommitError) -> FsError {
+        let err = FsError::Commit {
+            commit: commit.id(),
+            source,
+        };
+        self.report(commit.id(), &err);
+        err
+    }
+
+    /// Logs `err` once per [`REPORT_EVERY`] for `key`, so a reader retrying a broken file
+    /// does not flood the log.
+    fn report(&self, key: String, err: &FsError) {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if reported
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < REPORT_EVERY)
+        {
+            return;
+        }
+        reported.insert(key, now);
+        tracing::error!("{err}; answering EIO; {REPAIR}");
+    }
+
+    fn add_handle(&self, handle: Handle) -> u64 {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fh, handle);
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> Option<Handle> {
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh)
+            .cloned()
+    }
+}
+
+/// The xattr protocol: size 0 asks for the size; a smaller buffer is `ERANGE`.
+fn sized(value: Vec<u8>, size: u32) -> FsResult<XattrReply> {
+    if size == 0 {
+        return Ok(XattrReply::Size(value.len() as u32));
+    }
+    if value.len() > size as usize {
+        return Err(FsError::Range {
+            needed: value.len(),
+            capacity: size as usize,
+        });
+    }
+    Ok(XattrReply::Data(value))
+}

@@ -1,0 +1,673 @@
+//! The `fs` layer without FUSE: an in-memory catalog and object source, with failure injection.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::*;
+use crate::format::{ObjectRef, Release, Repo, Sha256};
+use crate::layout::{Content, LaneFile, LaneView, ObjectSource};
+use crate::store::StoreError;
+
+/// Objects in memory; a damaged one fails as `BlobReader` fails.
+#[derive(Default)]
+struct MockObjects {
+    bytes: Mutex<HashMap<Sha256, Vec<u8>>>,
+    damaged: Mutex<HashSet<Sha256>>,
+}
+
+impl MockObjects {
+    fn put(&self, bytes: &[u8]) -> ObjectRef {
+        let object = ObjectRef::of(bytes);
+        self.bytes
+            .lock()
+            .unwrap()
+            .insert(object.sha256, bytes.to_vec());
+        object
+    }
+}
+
+impl ObjectSource for MockObjects {
+    fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.damaged.lock().unwrap().contains(&object.sha256) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "damaged blob"));
+        }
+        let objects = self.bytes.lock().unwrap();
+        let bytes = objects
+            .get(&object.sha256)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "absent blob"))?;
+        let start = offset as usize;
+        buf.copy_from_slice(&bytes[start..start + buf.len()]);
+        Ok(())
+    }
+}
+
+struct MockCommit {
+    lane: Option<String>,
+    /// `None`: the commit's header is damaged.
+    files: Option<Vec<(String, Content)>>,
+    header: ObjectRef,
+}
+
+/// Repos and commits in memory.
+#[derive(Default)]
+struct MockCatalog {
+    repos: Mutex<(u64, Vec<RepoEntry>)>,
+    commits: Mutex<HashMap<Sha256, MockCommit>>,
+    lane_builds: AtomicUsize,
+}
+
+fn t(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+impl MockCatalog {
+    fn set_repos(&self, repos: Vec<Repo>) {
+        let mut state = self.repos.lock().unwrap();
+        state.0 += 1;
+        state.1 = repos
+            .into_iter()
+            .map(|repo| RepoEntry {
+                repo,
+                mtime: t(1000),
+            })
+            .collect();
+    }
+
+    /// A commit (its id made up from `seed`) with `files`.
+    fn commit(
+        &self,
+        seed: &str,
+        lane: Option<&str>,
+        files: Option<Vec<(&str, Content)>>,
+    ) -> ObjectRef {
+        let id = ObjectRef::of(format!("tree {seed}").as_bytes());
+        let commit = MockCommit {
+            lane: lane.map(str::to_owned),
+            files: files.map(|f| f.into_iter().map(|(p, c)| (p.to_owned(), c)).collect()),
+            header: ObjectRef::of(format!("header {seed}").as_bytes()),
+        };
+        self.commits.lock().unwrap().insert(id.sha256, commit);
+        id
+    }
+}
+
+fn absent(object: &ObjectRef) -> CommitError {
+    CommitError::Store(StoreError::Absent {
+        object: *object,
+        path: format!("blobs/{}", object.sha256).into(),
+    })
+}
+
+impl Catalog for MockCatalog {
+    fn refs_signature(&self) -> Result<u64, StoreError> {
+        Ok(self.repos.lock().unwrap().0)
+    }
+
+    fn repos(&self) -> Result<Vec<RepoEntry>, StoreError> {
+        Ok(self.repos.lock().unwrap().1.clone())
+    }
+
+    fn commit_lane(&self, commit: &ObjectRef) -> Result<CommitLane, CommitError> {
+        let commits = self.commits.lock().unwrap();
+        let c = commits.get(&commit.sha256).ok_or_else(|| absent(commit))?;
+        Ok(CommitLane {
+            lane: c.lane.clone(),
+            mtime: t(2000),
+        })
+    }
+
+    fn lane(&self, commit: &ObjectRef) -> Result<LaneContents, CommitError> {
+        self.lane_builds.fetch_add(1, Ordering::Relaxed);
+        let commits = self.commits.lock().unwrap();
+        let c = commits.get(&commit.sha256).ok_or_else(|| absent(commit))?;
+        let files = c.files.as_ref().ok_or_else(|| absent(&c.header))?;
+        let mut files: Vec<LaneFile> = files
+            .iter()
+            .map(|(path, content)| LaneFile {
+                path: path.clone(),
+                content: content.clone(),
+            })
+            .collect();
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(LaneContents {
+            view: LaneView { files },
+            header: c.header,
+            mtime: t(2000),
+        })
+    }
+}
+
+struct Fixture {
+    fs: TensorFs,
+    catalog: Arc<MockCatalog>,
+    objects: Arc<MockObjects>,
+}
+
+fn fixture(config: FsConfig) -> Fixture {
+    let catalog = Arc::new(MockCatalog::default());
+    let objects = Arc::new(MockObjects::default());
+    let config = FsConfig {
+        refs_check_interval: Duration::ZERO,
+        ..config
+    };
+    let fs = TensorFs::new(catalog.clone(), objects.clone(), config);
+    Fixture {
+        fs,
+        catalog,
+        objects,
+    }
+}
+
+fn inline(text: &str) -> Content {
+    Content::Inline(text.as_bytes().into())
+}
+
+fn release(version: &str, lanes: &[(&str, ObjectRef)]) -> Release {
+    Release {
+        version: version.to_owned(),
+        lanes: lanes
+            .iter()
+            .map(|(l, c)| (l.to_string(), *c))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+fn names(fs: &TensorFs, ino: u64) -> Vec<String> {
+    let fh = fs.opendir(ino).unwrap();
+    let mut names = Vec::new();
+    fs.readdir(ino, fh, 0, |e| {
+        names.push(e.name.clone());
+        false
+    })
+    .unwrap();
+    fs.release(fh);
+    names
+}
+
+/// Looks up a `/`-separated path from the root.
+fn walk(fs: &TensorFs, path: &str) -> FsResult<Entry> {
+    let mut entry = fs.getattr(ROOT_INO)?;
+    for name in path.split('/').filter(|s| !s.is_empty()) {
+        entry = fs.lookup(entry.attr.ino, name)?;
+    }
+    Ok(entry)
+}
+
+fn read_all(fs: &TensorFs, ino: u64) -> FsResult<Vec<u8>> {
+    let opened = fs.open(ino, false)?;
+    let mut out = vec![0u8; fs.getattr(ino)?.attr.size as usize + 10];
+    let n = fs.read(opened.fh, 0, &mut out)?;
+    out.truncate(n);
+    fs.release(opened.fh);
+    Ok(out)
+}
+
+/// A repo with two releases and unreleased commits, as most tests use it.
+fn sample(f: &Fixture) -> (ObjectRef, ObjectRef, ObjectRef) {
+    let weights = f
+        .objects
+        .put(&(0..=255u8).cycle().take(10_000).collect::<Vec<_>>());
+    let old = f.catalog.commit(
+        "old",
+        Some("bf16"),
+        Some(vec![("config.json", inline("{\"v\":1}"))]),
+    );
+    let new = f.catalog.commit(
+        "new",
+        Some("bf16"),
+        Some(vec![
+            ("config.json", inline("{\"v\":2}")),
+            ("unet/model.safetensors", Content::Object(weights)),
+            ("unet/config.json", inline("{}")),
+        ]),
+    );
+    let draft = f
+        .catalog
+        .commit("draft", None, Some(vec![("README.md", inline("draft"))]));
+    f.catalog.set_repos(vec![Repo {
+        name: "acme/sd".into(),
+        releases: vec![
+            release("1.0", &[("bf16", old)]),
+            release("2.0", &[("bf16", new)]),
+        ],
+        commits: vec![draft],
+    }]);
+    (old, new, draft)
+}
+
+#[test]
+fn every_level_lists_its_children() {
+    let f = fixture(FsConfig::default());
+    let (old, new, draft) = sample(&f);
+    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme"]);
+    let acme = walk(&f.fs, "acme").unwrap().attr.ino;
+    assert_eq!(names(&f.fs, acme), [".", "..", "sd"]);
+    let sd = walk(&f.fs, "acme/sd").unwrap().attr.ino;
+    let expected = [".", "..", "latest", "1.0", "2.0"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([old, new, draft].iter().map(|c| c.sha256.hex()))
+        .collect::<Vec<_>>();
+    assert_eq!(names(&f.fs, sd), expected);
+    let lane = walk(&f.fs, "acme/sd/2.0/bf16").unwrap().attr.ino;
+    assert_eq!(names(&f.fs, lane), [".", "..", "config.json", "unet"]);
+    let unet = walk(&f.fs, "acme/sd/2.0/bf16/unet").unwrap().attr.ino;
+    assert_eq!(
+        names(&f.fs, unet),
+        [".", "..", "config.json", "model.safetensors"]
+    );
+}
+
+#[test]
+fn dot_dot_names_the_parent_folder() {
+    let f = fixture(FsConfig::default());
+    sample(&f);
+    let sd = walk(&f.fs, "acme/sd").unwrap().attr.ino;
+    let acme = walk(&f.fs, "acme").unwrap().attr.ino;
+    let fh = f.fs.opendir(sd).unwrap();
+    let mut dots = Vec::new();
+    f.fs.readdir(sd, fh, 0, |e| {
+        dots.push((e.name.clone(), e.ino));
+        dots.len() == 2
+    })
+    .unwrap();
+    assert_eq!(dots, [(".".to_owned(), sd), ("..".to_owned(), acme)]);
+}
+
+#[test]
+fn latest_is_the_newest_release_and_versions_and_commits_alias_it() {
+    let f = fixture(FsConfig::default());
+    let (_, new, _) = sample(&f);
+    let latest = walk(&f.fs, "acme/sd/latest/bf16/config.json").unwrap();
+    let version = walk(&f.fs, "acme/sd/2.0/bf16/config.json").unwrap();
+    let by_hex = walk(&f.fs, &format!("acme/sd/{}/bf16/config.json", new.sha256)).unwrap();
+    assert_eq!(read_all(&f.fs, latest.attr.ino).unwrap(), b"{\"v\":2}");
+    // One file inode across aliases (one page cache), one folder inode per path.
+    assert_eq!(latest.attr.ino, version.attr.ino);
+    assert_eq!(latest.attr.ino, by_hex.attr.ino);
+    let folder = |p: &str| walk(&f.fs, p).unwrap().attr.ino;
+    assert_ne!(folder("acme/sd/latest/bf16"), folder("acme/sd/2.0/bf16"));
+    assert_ne!(
+        folder("acme/sd/latest/bf16/unet"),
+        folder("acme/sd/2.0/bf16/unet")
+    );
+    assert_eq!(
+        read_all(
+            &f.fs,
+            walk(&f.fs, "acme/sd/1.0/bf16/config.json")
+                .unwrap()
+                .attr
+                .ino
+        )
+        .unwrap(),
+        b"{\"v\":1}"
+    );
+}
+
+#[test]
+fn latest_without_releases_takes_the_newest_commit_of_each_lane() {
+    let f = fixture(FsConfig::default());
+    let a1 = f
+        .catalog
+        .commit("a1", Some("bf16"), Some(vec![("x", inline("a1"))]));
+    let b1 = f
+        .catalog
+        .commit("b1", Some("fp8"), Some(vec![("x", inline("b1"))]));
+    let a2 = f
+        .catalog
+        .commit("a2", Some("bf16"), Some(vec![("x", inline("a2"))]));
+    let u = f.catalog.commit("u", None, Some(vec![("x", inline("u"))]));
+    f.catalog.set_repos(vec![Repo {
+        name: "acme/llm".into(),
+        releases: vec![],
+        commits: vec![a1, b1, a2, u],
+    }]);
+    let latest = walk(&f.fs, "acme/llm/latest").unwrap().attr.ino;
+    assert_eq!(names(&f.fs, latest), [".", "..", "_", "bf16", "fp8"]);
+    for (lane, text) in [("bf16", "a2"), ("fp8", "b1"), ("_", "u")] {
+        let file = walk(&f.fs, &format!("acme/llm/latest/{lane}/x"))
+            .unwrap()
+            .attr
+            .ino;
+        assert_eq!(read_all(&f.fs, file).unwrap(), text.as_bytes());
+    }
+    let one = walk(&f.fs, &format!("acme/llm/{}", a1.sha256))
+        .unwrap()
+        .attr
+        .ino;
+    assert_eq!(names(&f.fs, one), [".", "..", "bf16"]);
+    let unlabelled = walk(&f.fs, &format!("acme/llm/{}", u.sha256))
+        .unwrap()
+        .attr
+        .ino;
+    assert_eq!(names(&f.fs, unlabelled), [".", "..", "_"]);
+}
+
+#[test]
+fn attributes_are_read_only_with_sizes_mtimes_and_ttls() {
+    let f = fixture(FsConfig::default());
+    sample(&f);
+    let file = walk(&f.fs, "acme/sd/latest/bf16/unet/model.safetensors").unwrap();
+    assert_eq!(file.attr.kind, Kind::File);
+    assert_eq!(file.attr.size, 10_000);
+    assert_eq!(file.attr.perm, 0o444);
+    assert_eq!(file.attr.blksize, 1 << 20);
+    assert_eq!(file.attr.mtime, t(2000));
+    assert_eq!(file.ttl, Duration::from_secs(3600));
+    let lane = walk(&f.fs, "acme/sd/latest/bf16").unwrap();
+    assert_eq!(
+        (lane.attr.kind, lane.attr.perm, lane.attr.mtime),
+        (Kind::Directory, 0o555, t(2000))
+    );
+    assert_eq!(
+        lane.ttl,
+        Duration::from_secs(1),
+        "the lane's entry in a revision follows refs"
+    );
+    assert_eq!(
+        f.fs.getattr(lane.attr.ino).unwrap().ttl,
+        Duration::from_secs(3600)
+    );
+    let repo = walk(&f.fs, "acme/sd").unwrap();
+    assert_eq!(
+        (repo.attr.mtime, repo.ttl),
+        (t(1000), Duration::from_secs(1))
+    );
+}
+
+#[test]
+fn reads_return_the_requested_range_and_stop_at_the_end() {
+    let f = fixture(FsConfig::default());
+    sample(&f);
+    let expected: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+    let ino = walk(&f.fs, "acme/sd/latest/bf16/unet/model.safetensors")
+        .unwrap()
+        .attr
+        .ino;
+    assert_eq!(read_all(&f.fs, ino).unwrap(), expected);
+    let fh = f.fs.open(ino, false).unwrap().fh;
+    let mut buf = [0u8; 100];
+    assert_eq!(f.fs.read(fh, 4000, &mut buf).unwrap(), 100);
+    assert_eq!(buf[..], expected[4000..4100]);
+    assert_eq!(f.fs.read(fh, 9950, &mut buf).unwrap(), 50);
+    assert_eq!(buf[..50], expected[9950..]);
+    assert_eq!(f.fs.read(fh, 10_000, &mut buf).unwrap(), 0);
+    assert_eq!(f.fs.read(fh, u64::MAX, &mut buf).unwrap(), 0);
+    f.fs.release(fh);
+    assert_eq!(f.fs.read(fh, 0, &mut buf).unwrap_err().errno(), libc::EBADF);
+}
+
+#[test]
+fn a_damaged_blob_reads_as_eio_while_other_files_still_read() {
+    let f = fixture(FsConfig::default());
+    sample(&f);
+    let weights = walk(&f.fs, "acme/sd/latest/bf16/unet/model.safetensors")
+        .unwrap()
+        .attr
+        .ino;
+    let object = ObjectRef::of(&(0..=255u8).cycle().take(10_000).collect::<Vec<_>>());
+    f.objects.damaged.lock().unwrap().insert(object.sha256);
+    let err = read_all(&f.fs, weights).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO);
+    assert!(err.to_string().contains("unet/model.safetensors"), "{err}");
+    let config = walk(&f.fs, "acme/sd/latest/bf16/config.json")
+        .unwrap()
+        .attr
+        .ino;
+    assert_eq!(read_all(&f.fs, config).unwrap(), b"{\"v\":2}");
+}
+
+#[test]
+fn a_lane_that_cannot_be_laid_out_is_eio_and_other_lanes_still_show() {
+    let f = fixture(FsConfig::default());
+    let good = f
+        .catalog
+        .commit("good", Some("bf16"), Some(vec![("x", inline("ok"))]));
+    let bad = f.catalog.commit("bad", Some("fp8"), None);
+    f.catalog.set_repos(vec![Repo {
+        name: "acme/m".into(),
+        releases: vec![release("1", &[("bf16", good), ("fp8", bad)])],
+        commits: vec![],
+    }]);
+    let bad_lane = walk(&f.fs, "acme/m/1/fp8").unwrap().attr.ino;
+    assert_eq!(f.fs.lookup(bad_lane, "x").unwrap_err().errno(), libc::EIO);
+    assert_eq!(f.fs.opendir(bad_lane).unwrap_err().errno(), libc::EIO);
+    assert_eq!(
+        f.fs.getxattr(bad_lane, XATTR_HEADER, 0)
+            .unwrap_err()
+            .errno(),
+        libc::EIO
+    );
+    let x = walk(&f.fs, "acme/m/1/bf16/x").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, x).unwrap(), b"ok");
+}
+
+#[test]
+fn a_ref_added_while_mounted_appears_and_latest_moves_to_a_new_inode() {
+    let f = fixture(FsConfig::default());
+    let (_, new, draft) = sample(&f);
+    let old_latest = walk(&f.fs, "acme/sd/latest/bf16").unwrap().attr.ino;
+    assert!(walk(&f.fs, "beta").is_err());
+
+    let newer = f.catalog.commit(
+        "newer",
+        Some("bf16"),
+        Some(vec![("config.json", inline("{\"v\":3}"))]),
+    );
+    let other = f
+        .catalog
+        .commit("other", None, Some(vec![("y", inline("y"))]));
+    f.catalog.set_repos(vec![
+        Repo {
+            name: "acme/sd".into(),
+            releases: vec![
+                release("2.0", &[("bf16", new)]),
+                release("3.0", &[("bf16", newer)]),
+            ],
+            commits: vec![draft],
+        },
+        Repo {
+            name: "beta/x".into(),
+            releases: vec![],
+            commits: vec![other],
+        },
+    ]);
+    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "beta"]);
+    let y = walk(&f.fs, "beta/x/latest/_/y").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, y).unwrap(), b"y");
+    let latest = walk(&f.fs, "acme/sd/latest/bf16").unwrap().attr.ino;
+    assert_ne!(latest, old_latest);
+    let config = f.fs.lookup(latest, "config.json").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, config).unwrap(), b"{\"v\":3}");
+    // Whoever still holds the old lane folder sees the old commit.
+    let config = f.fs.lookup(old_latest, "config.json").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, config).unwrap(), b"{\"v\":2}");
+    assert_eq!(
+        walk(&f.fs, "acme/sd/1.0").unwrap_err().errno(),
+        libc::ENOENT
+    );
+}
+
+#[test]
+fn refs_are_not_re_read_before_the_check_interval() {
+    let catalog = Arc::new(MockCatalog::default());
+    let objects = Arc::new(MockObjects::default());
+    let config = FsConfig {
+        refs_check_interval: Duration::from_secs(3600),
+        ..FsConfig::default()
+    };
+    let fs = TensorFs::new(catalog.clone(), objects, config);
+    catalog.set_repos(vec![]);
+    assert_eq!(names(&fs, ROOT_INO), [".", ".."]);
+    let c = catalog.commit("c", None, Some(vec![]));
+    catalog.set_repos(vec![Repo {
+        name: "a/b".into(),
+        releases: vec![],
+        commits: vec![c],
+    }]);
+    assert_eq!(names(&fs, ROOT_INO), [".", ".."]);
+}
+
+#[test]
+fn readdir_resumes_at_the_offset_it_was_given() {
+    let f = fixture(FsConfig::default());
+    sample(&f);
+    let sd = walk(&f.fs, "acme/sd").unwrap().attr.ino;
+    let all = names(&f.fs, sd);
+    let fh = f.fs.opendir(sd).unwrap();
+    let mut got = Vec::new();
+    let mut offset = 0;
+    loop {
+        let mut batch = Vec::new();
+        f.fs.readdir(sd, fh, offset, |e| {
+            batch.push(e.clone());
+            batch.len() == 2
+        })
+        .unwrap();
+        let Some(last) = batch.last() else { break };
+        offset = last.next_offset;
+        got.extend(batch.into_iter().map(|e| e.name));
+    }
+    assert_eq!(got, all);
+}
+
+#[test]
+fn xattrs_name_the_commit_and_header_with_the_size_protocol() {
+    let f = fixture(FsConfig::default());
+    let (_, new, _) = sample(&f);
+    let file = walk(&f.fs, "acme/sd/latest/bf16/unet/config.json")
+        .unwrap()
+        .attr
+        .ino;
+    let id = new.id();
+    assert_eq!(
+        f.fs.getxattr(file, XATTR_COMMIT, 0).unwrap(),
+        XattrReply::Size(id.len() as u32)
+    );
+    assert_eq!(
+        f.fs.getxattr(file, XATTR_COMMIT, 200).unwrap(),
+        XattrReply::Data(id.clone().into_bytes())
+    );
+    assert_eq!(
+        f.fs.getxattr(file, XATTR_COMMIT, 10).unwrap_err().errno(),
+        libc::ERANGE
+    );
+    let header = ObjectRef::of(b"header new").id();
+    let lane = walk(&f.fs, "acme/sd/latest/bf16").unwrap().attr.ino;
+    assert_eq!(
+        f.fs.getxattr(lane, XATTR_HEADER, 100).unwrap(),
+        XattrReply::Data(header.into_bytes())
+    );
+    assert_eq!(
+        f.fs.getxattr(file, "user.other", 100).unwrap_err().errno(),
+        libc::ENODATA
+    );
+    let list = b"user.tensorfs.commit\0user.tensorfs.header\0".to_vec();
+    assert_eq!(
+        f.fs.listxattr(file, 0).unwrap(),
+        XattrReply::Size(list.len() as u32)
+    );
+    assert_eq!(f.fs.listxattr(file, 100).unwrap(), XattrReply::Data(list));
+    assert_eq!(f.fs.listxattr(file, 5).unwrap_err().errno(), libc::ERANGE);
+    let repo = walk(&f.fs, "acme/sd").unwrap().attr.ino;
+    assert_eq!(f.fs.listxattr(repo, 0).unwrap(), XattrReply::Size(0));
+    assert_eq!(
+        f.fs.getxattr(repo, XATTR_COMMIT, 100).unwrap_err().errno(),
+        libc::ENODATA
+    );
+}
+
+#[test]
+fn writes_ioctls_and_misuse_get_their_errnos() {
+    let f = fixture(FsConfig::default());
+    sample(&f);
+    let file = walk(&f.fs, "acme/sd/latest/bf16/config.json")
+        .unwrap()
+        .attr
+        .ino;
+    let lane = walk(&f.fs, "acme/sd/latest/bf16").unwrap().attr.ino;
+    assert_eq!(f.fs.open(file, true).unwrap_err().errno(), libc::EROFS);
+    assert_eq!(f.fs.open(lane, false).unwrap_err().errno(), libc::EISDIR);
+    assert_eq!(f.fs.lookup(file, "x").unwrap_err().errno(), libc::ENOTDIR);
+    assert_eq!(f.fs.opendir(file).unwrap_err().errno(), libc::ENOTDIR);
+    assert_eq!(f.fs.ioctl(0x5401).unwrap_err().errno(), libc::ENOTTY);
+    assert_eq!(f.fs.getattr(999_999).unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(
+        f.fs.lookup(lane, "missing").unwrap_err().errno(),
+        libc::ENOENT
+    );
+    assert_eq!(
+        f.fs.access(file, libc::W_OK).unwrap_err().errno(),
+        libc::EROFS
+    );
+    f.fs.access(file, libc::R_OK).unwrap();
+    assert!(f.fs.open(file, false).unwrap().keep_cache);
+}
+
+#[test]
+fn an_evicted_lane_is_built_again_and_its_inodes_stay_valid() {
+    let f = fixture(FsConfig {
+        max_cached_lanes: 1,
+        ..FsConfig::default()
+    });
+    sample(&f);
+    let a = walk(&f.fs, "acme/sd/1.0/bf16/config.json")
+        .unwrap()
+        .attr
+        .ino;
+    let b = walk(&f.fs, "acme/sd/2.0/bf16/config.json")
+        .unwrap()
+        .attr
+        .ino;
+    let builds = f.catalog.lane_builds.load(Ordering::Relaxed);
+    assert_eq!(read_all(&f.fs, a).unwrap(), b"{\"v\":1}");
+    assert_eq!(read_all(&f.fs, b).unwrap(), b"{\"v\":2}");
+    assert_eq!(f.catalog.lane_builds.load(Ordering::Relaxed), builds + 2);
+    assert_eq!(read_all(&f.fs, b).unwrap(), b"{\"v\":2}");
+    assert_eq!(
+        f.catalog.lane_builds.load(Ordering::Relaxed),
+        builds + 2,
+        "cached"
+    );
+}
+
+#[test]
+fn errnos_are_decided_per_variant() {
+    let cases = [
+        (
+            FsError::NotFound {
+                parent: 1,
+                name: "x".into(),
+            },
+            libc::ENOENT,
+        ),
+        (FsError::UnknownInode(9), libc::ENOENT),
+        (FsError::NotADirectory(2), libc::ENOTDIR),
+        (FsError::IsADirectory(2), libc::EISDIR),
+        (FsError::ReadOnly, libc::EROFS),
+        (FsError::BadHandle(3), libc::EBADF),
+        (FsError::NoAttribute("a".into()), libc::ENODATA),
+        (
+            FsError::Range {
+                needed: 2,
+                capacity: 1,
+            },
+            libc::ERANGE,
+        ),
+        (FsError::NoIoctl(1), libc::ENOTTY),
+        (
+            FsError::Read {
+                commit: "c".into(),
+                path: "p".into(),
+                source: io::Error::new(io::ErrorKind::InvalidData, "bad"),
+            },
+            libc::EIO,
+        ),
+    ];
+    for (err, errno) in cases {
+        assert_eq!(err.errno(), errno, "{err}");
+    }
+}

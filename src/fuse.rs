@@ -1,0 +1,491 @@
+//! The FUSE adapter: [`FuseAdapter`] implements `fuser::Filesystem` by calling
+//! [`TensorFs`](crate::fs::TensorFs), converting its answers to `fuser` types and replying.
+//! Nothing here decides what the mount shows; errors become errnos through
+//! [`FsError::errno`](crate::fs::FsError::errno) in one helper, [`fail`].
+//!
+//! [`session`] mounts, serves, handles signals and unmounts.
+
+pub mod session;
+
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+pub use session::{mount, spawn, unmount, MountConfig, MountError, MountHandle};
+
+use crate::fs::{Attr, FsError, Kind, TensorFs, XattrReply};
+
+/// Largest read request asked of the kernel (and the readahead window), in bytes.
+pub const MAX_READ_BYTES: u32 = 1 << 20;
+
+/// Serves a [`TensorFs`] to the kernel.
+#[derive(Debug, Clone)]
+pub struct FuseAdapter {
+    fs: Arc<TensorFs>,
+}
+
+impl FuseAdapter {
+    /// The adapter of `fs`.
+    pub fn new(fs: Arc<TensorFs>) -> FuseAdapter {
+        FuseAdapter { fs }
+    }
+}
+
+/// A reply that can carry an errno; every `fuser` reply can.
+trait ErrorReply {
+    fn error(self, errno: Errno);
+}
+
+macro_rules! error_reply {
+    ($($reply:ty),* $(,)?) => {
+        $(impl ErrorReply for $reply {
+            fn error(self, errno: Errno) {
+                <$reply>::error(self, errno)
+            }
+        })*
+    };
+}
+
+error_reply!(
+    ReplyAttr,
+    ReplyCreate,
+    ReplyData,
+    ReplyDirectory,
+    ReplyEmpty,
+    ReplyEntry,
+    ReplyIoctl,
+    ReplyOpen,
+    ReplyStatfs,
+    ReplyWrite,
+    ReplyXattr,
+);
+
+/// Answers `reply` with `err`'s errno. Failures worth an operator's attention (EIO) were logged
+/// once by the `fs` layer; the rest (ENOENT from probing lookups, ENOTTY, ERANGE) are routine.
+fn fail(reply: impl ErrorReply, op: &'static str, err: FsError) {
+    tracing::debug!(op, errno = err.errno(), "{err}");
+    reply.error(Errno::from_i32(err.errno()));
+}
+
+/// Answers a write attempt; the mount is read-only.
+fn read_only(reply: impl ErrorReply, op: &'static str) {
+    fail(reply, op, FsError::ReadOnly);
+}
+
+fn file_attr(attr: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(attr.ino),
+        size: attr.size,
+        blocks: attr.size.div_ceil(512),
+        atime: attr.mtime,
+        mtime: attr.mtime,
+        ctime: attr.mtime,
+        crtime: attr.mtime,
+        kind: file_type(attr.kind),
+        perm: attr.perm,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        rdev: 0,
+        blksize: attr.blksize,
+        flags: 0,
+    }
+}
+
+fn file_type(kind: Kind) -> FileType {
+    match kind {
+        Kind::Directory => FileType::Directory,
+        Kind::File => FileType::RegularFile,
+    }
+}
+
+/// Names the kernel passes are bytes; the namespace holds only UTF-8 names.
+fn utf8(name: &OsStr) -> Option<&str> {
+    name.to_str()
+}
+
+thread_local! {
+    /// Each worker's read buffer, reused so a 1 MiB read allocates nothing.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Large reads: `max_write` also sets `max_pages` (fuser derives it from the larger of
+        // max_write and max_readahead), which caps every request, reads included. 1 MiB is the
+        // kernel's default `max_pages_limit`. The kernel refuses readahead above what it
+        // offered (128 KiB); the session raises the bdi's `read_ahead_kb` after mounting.
+        let _ = config.set_max_write(MAX_READ_BYTES);
+        if let Err(max) = config.set_max_readahead(MAX_READ_BYTES) {
+            let _ = config.set_max_readahead(max);
+        }
+        // Readahead requests are background requests: let enough be in flight to keep every
+        // worker thread busy.
+        let _ = config.set_max_background(64);
+        // Lookups and listings in one folder may run in parallel: nothing here needs the
+        // kernel to serialize them.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
+            tracing::debug!("kernel lacks {missing:?}");
+        }
+        // Deliberately not requested: FUSE_AUTO_INVAL_DATA (files never change, so the page
+        // cache never needs dropping on an mtime change), FUSE_WRITEBACK_CACHE (read-only),
+        // and no file is opened with FOPEN_DIRECT_IO, which would break mmap (ENODEV) for
+        // safetensors loaders unless FUSE_DIRECT_IO_ALLOW_MMAP is negotiated, and would
+        // bypass the page cache that FOPEN_KEEP_CACHE shares between opens.
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _span = tracing::debug_span!("lookup", parent = parent.0, ?name).entered();
+        let Some(name) = utf8(name) else {
+            return fail(
+                reply,
+                "lookup",
+                FsError::NotFound {
+                    parent: parent.0,
+                    name: name.to_string_lossy().into_owned(),
+                },
+            );
+        };
+        match self.fs.lookup(parent.0, name) {
+            Ok(entry) => reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0)),
+            Err(err) => fail(reply, "lookup", err),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _span = tracing::debug_span!("getattr", ino = ino.0).entered();
+        match self.fs.getattr(ino.0) {
+            Ok(entry) => reply.attr(&entry.ttl, &file_attr(&entry.attr)),
+            Err(err) => fail(reply, "getattr", err),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _span = tracing::debug_span!("open", ino = ino.0).entered();
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+        match self.fs.open(ino.0, write) {
+            Ok(opened) => {
+                let mut fopen = FopenFlags::empty();
+                if opened.keep_cache {
+                    fopen |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                reply.opened(FileHandle(opened.fh), fopen)
+            }
+            Err(err) => fail(reply, "open", err),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
+        READ_BUF.with_borrow_mut(|buf| {
+            let size = size as usize;
+            if buf.len() < size {
+                buf.resize(size, 0);
+            }
+            match self.fs.read(fh.0, offset, &mut buf[..size]) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(err) => fail(reply, "read", err),
+            }
+        })
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _span = tracing::debug_span!("opendir", ino = ino.0).entered();
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(err) => fail(reply, "opendir", err),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let _span = tracing::debug_span!("readdir", ino = ino.0, offset).entered();
+        let result = self.fs.readdir(ino.0, fh.0, offset, |e| {
+            reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), &e.name)
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(err) => fail(reply, "readdir", err),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(
+            s.blocks,
+            0,
+            0,
+            s.files,
+            0,
+            s.block_size,
+            s.name_max,
+            s.fragment_size,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _span = tracing::debug_span!("getxattr", ino = ino.0, ?name).entered();
+        let Some(name) = utf8(name) else {
+            return fail(
+                reply,
+                "getxattr",
+                FsError::NoAttribute(name.to_string_lossy().into_owned()),
+            );
+        };
+        match self.fs.getxattr(ino.0, name, size) {
+            Ok(XattrReply::Size(n)) => reply.size(n),
+            Ok(XattrReply::Data(bytes)) => reply.data(&bytes),
+            Err(err) => fail(reply, "getxattr", err),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0, size) {
+            Ok(XattrReply::Size(n)) => reply.size(n),
+            Ok(XattrReply::Data(bytes)) => reply.data(&bytes),
+            Err(err) => fail(reply, "listxattr", err),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        match self.fs.ioctl(cmd) {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(err) => fail(reply, "ioctl", err),
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.fs.access(ino.0, mask.bits()) {
+            Ok(()) => reply.ok(),
+            Err(err) => fail(reply, "access", err),
+        }
+    }
+
+    // Every write gets EROFS (the `ro` mount flag stops most before they reach us).
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        read_only(reply, "setattr");
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        read_only(reply, "mknod");
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        read_only(reply, "mkdir");
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        read_only(reply, "unlink");
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        read_only(reply, "rmdir");
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        read_only(reply, "symlink");
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        read_only(reply, "rename");
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        read_only(reply, "link");
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        read_only(reply, "write");
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        read_only(reply, "create");
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        read_only(reply, "setxattr");
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        read_only(reply, "removexattr");
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        read_only(reply, "fallocate");
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        read_only(reply, "copy_file_range");
+    }
+}

@@ -1,0 +1,658 @@
+//! Mounting, serving, signals and unmounting.
+//!
+//! - [`mount`]: the foreground daemon. Mounts, serves on [`MountConfig::threads`] workers until
+//!   the mount is unmounted from outside or SIGINT/SIGTERM arrives, then unmounts (lazily when
+//!   files are still open) and returns.
+//! - [`spawn_background`]: what the CLI's background mode calls: it starts the binary again
+//!   with `--foreground`, waits for the daemon's readiness line on a pipe, and reports the
+//!   daemon's error when mounting failed.
+//! - [`spawn`]: a mount served by threads of this process, unmounted when its handle drops
+//!   (tests, embedding).
+//! - [`unmount`]: `umount2` as root, else the setuid `fusermount3 -u` (`-uz` when lazy).
+//!
+//! A daemon that dies without unmounting leaves a stale mount ("Transport endpoint is not
+//! connected"). Mounting checks for one and says how to clear it; as root with `fusermount3`
+//! installed the mount is made with `auto_unmount`, so the helper unmounts even after SIGKILL.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use fuser::{MountOption, Session, SessionACL, SessionUnmounter};
+
+use super::FuseAdapter;
+use crate::fs::{FsConfig, TensorFs};
+use crate::store::{Store, StoreError};
+
+/// The environment variable naming the descriptor a background daemon reports readiness on.
+pub const READY_FD_ENV: &str = "TENSORFS_READY_FD";
+
+/// The line a daemon writes to its readiness descriptor once the mount is up; a failure writes
+/// `error: <why>` instead.
+pub const READY_LINE: &str = "ready";
+
+/// The filesystem type the kernel lists for our mounts (`fuse.<subtype>`).
+pub const FSTYPE: &str = "fuse.tensorfs";
+
+/// How to mount a store.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// An existing folder to mount on.
+    pub mountpoint: PathBuf,
+    /// The store's root folder (it must exist).
+    pub store: PathBuf,
+    /// Whether the CLI serves in its own process (`--foreground`) or starts a daemon with
+    /// [`spawn_background`]. [`mount`] itself always serves in the calling process.
+    pub foreground: bool,
+    /// Worker threads reading requests (default: the CPU count, within 4..=8), so one slow
+    /// first read (hashing a large blob) does not stall the others.
+    pub threads: usize,
+    /// Let every user, and other containers sharing the mount, read it (`allow_other`).
+    /// Default: when running as root. Others need `user_allow_other` in `/etc/fuse.conf`.
+    pub allow_other: bool,
+    /// Have `fusermount3` unmount when this process dies, even by SIGKILL (`auto_unmount`;
+    /// needs `allow_other`). Default: as root when `fusermount3` is installed (apt `fuse3`).
+    pub auto_unmount: bool,
+    /// The mount's readahead window in KiB, set on its bdi after mounting; 0 keeps the
+    /// kernel's (128 KiB). Default 1024: with 1 MiB requests, sequential reads run ~2× faster.
+    pub read_ahead_kb: u32,
+    /// Namespace settings (TTLs, cache sizes).
+    pub fs: FsConfig,
+    /// A descriptor to write [`READY_LINE`] (or `error: …`) to once mounted, then close; the
+    /// background mode passes 1 (stdout, a pipe to the parent). See [`ready_fd_from_env`].
+    pub ready_fd: Option<RawFd>,
+}
+
+impl MountConfig {
+    /// The defaults for mounting `store` at `mountpoint`.
+    pub fn new(store: impl Into<PathBuf>, mountpoint: impl Into<PathBuf>) -> MountConfig {
+        let root = is_root();
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get().clamp(4, 8));
+        MountConfig {
+            mountpoint: mountpoint.into(),
+            store: store.into(),
+            foreground: false,
+            threads,
+            allow_other: root,
+            auto_unmount: root && in_path("fusermount3"),
+            read_ahead_kb: 1024,
+            fs: FsConfig::default(),
+            ready_fd: None,
+        }
+    }
+
+    fn fuser_config(&self) -> fuser::Config {
+        let mut options = vec![
+            MountOption::RO,
+            MountOption::FSName("tensorfs".into()),
+            MountOption::Subtype("tensorfs".into()),
+            MountOption::DefaultPermissions,
+        ];
+        if self.auto_unmount {
+            options.push(MountOption::AutoUnmount);
+        }
+        let mut config = fuser::Config::default();
+        config.mount_options = options;
+        config.acl = if self.allow_other || self.auto_unmount {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        config.n_threads = Some(self.threads.max(1));
+        // One descriptor per worker: requests are not funnelled through one queue.
+        config.clone_fd = true;
+        config
+    }
+}
+
+/// Why mounting or unmounting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// The store cannot be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The mount point is a mount whose daemon is gone.
+    #[error(
+        "{0} is a stale mount (its daemon is gone: \"Transport endpoint is not connected\"); \
+         clear it with `tensorfs unmount --lazy {0}` (or `fusermount3 -uz {0}`, or `umount -l {0}` as root)",
+        .mountpoint.display()
+    )]
+    Stale {
+        /// The mount point.
+        mountpoint: PathBuf,
+    },
+    /// A TensorFS mount is already there.
+    #[error("{0} is already a TensorFS mount; unmount it first (`tensorfs unmount {0}`)", .mountpoint.display())]
+    AlreadyMounted {
+        /// The mount point.
+        mountpoint: PathBuf,
+    },
+    /// The mount point cannot be used.
+    #[error("mount point {}: {source}", .mountpoint.display())]
+    Mountpoint {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel or `fusermount3` refused the mount.
+    #[error("mounting at {}: {source}", .mountpoint.display())]
+    Mount {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Serving requests failed.
+    #[error("serving {}: {source}", .mountpoint.display())]
+    Serve {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Unmounting failed.
+    #[error("unmounting {}: {source}{hint}", .mountpoint.display())]
+    Unmount {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// A background daemon failed before its mount was up.
+    #[error("the mount daemon failed: {0}")]
+    Daemon(String),
+    /// A background daemon's mount did not appear in time.
+    #[error("the mount at {} did not appear within {waited:?}", .mountpoint.display())]
+    Timeout {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// How long was waited.
+        waited: Duration,
+    },
+}
+
+/// A mount made and handshaken, not yet served.
+struct Mounted {
+    session: Session<FuseAdapter>,
+    unmounter: SessionUnmounter,
+    mountpoint: PathBuf,
+}
+
+fn start(config: &MountConfig) -> Result<Mounted, MountError> {
+    let mountpoint = check_mountpoint(&config.mountpoint)?;
+    let store = Store::open_existing(&config.store)?;
+    let fs = Arc::new(TensorFs::over_store(store, config.fs.clone()));
+    let mut session = Session::new(FuseAdapter::new(fs), &mountpoint, &config.fuser_config())
+        .map_err(|source| MountError::Mount {
+            mountpoint: mountpoint.clone(),
+            source,
+        })?;
+    let unmounter = session.unmount_callable();
+    if config.read_ahead_kb > 0 {
+        // The INIT reply (done in `Session::new`) sets the bdi's readahead, so this must follow.
+        if let Err(e) = set_read_ahead(&mountpoint, config.read_ahead_kb) {
+            tracing::warn!(
+                "keeping the kernel's readahead for {}: {e}",
+                mountpoint.display()
+            );
+        }
+    }
+    tracing::info!(
+        "mounted {} at {}",
+        config.store.display(),
+        mountpoint.display()
+    );
+    Ok(Mounted {
+        session,
+        unmounter,
+        mountpoint,
+    })
+}
+
+/// Mounts and serves in this process until the mount is unmounted from outside or
+/// SIGINT/SIGTERM arrives; then unmounts (lazily when busy) and returns. A second signal
+/// returns at once, leaving a busy mount detached to die with the process.
+///
+/// # Errors
+/// The mount point is stale, already mounted or unusable, the store cannot be opened, the
+/// kernel refuses the mount, or serving fails.
+pub fn mount(config: MountConfig) -> Result<(), MountError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| MountError::Serve {
+            mountpoint: config.mountpoint.clone(),
+            source,
+        })?;
+    let result = runtime.block_on(serve(config));
+    // A session still running after a second signal must not hold the process.
+    runtime.shutdown_background();
+    result
+}
+
+async fn serve(config: MountConfig) -> Result<(), MountError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let serve_err = |source| MountError::Serve {
+        mountpoint: config.mountpoint.clone(),
+        source,
+    };
+    // Handlers first: a SIGTERM sent as soon as the mount appears must unmount, not kill us.
+    let mut term = signal(SignalKind::terminate()).map_err(serve_err)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(serve_err)?;
+    let mounted = start(&config);
+    notify_ready(config.ready_fd, mounted.as_ref().map(|_| ()));
+    let Mounted {
+        session,
+        mut unmounter,
+        mountpoint,
+    } = mounted?;
+    let mut run = tokio::task::spawn_blocking(move || session.run());
+    let signal = tokio::select! {
+        ended = &mut run => return ended_session(&mountpoint, ended),
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!("{signal}: unmounting {}", mountpoint.display());
+    detach(&mut unmounter, &mountpoint)?;
+    tokio::select! {
+        ended = &mut run => ended_session(&mountpoint, ended),
+        _ = term.recv() => Ok(()),
+        _ = int.recv() => Ok(()),
+    }
+}
+
+fn ended_session(
+    mountpoint: &Path,
+    ended: Result<io::Result<()>, tokio::task::JoinError>,
+) -> Result<(), MountError> {
+    let source = match ended {
+        Ok(Ok(())) => {
+            tracing::info!("unmounted {}", mountpoint.display());
+            return Ok(());
+        }
+        Ok(Err(e)) => e,
+        Err(e) => io::Error::other(format!("the session panicked: {e}")),
+    };
+    Err(MountError::Serve {
+        mountpoint: mountpoint.to_path_buf(),
+        source,
+    })
+}
+
+/// Unmounts; when files in the mount are open, detaches it lazily so it goes away as soon as
+/// they close (the session keeps serving them until then).
+fn detach(unmounter: &mut SessionUnmounter, mountpoint: &Path) -> Result<(), MountError> {
+    match unmounter.unmount() {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            tracing::warn!(
+                "{} is busy: detaching it; it goes away when its files close",
+                mountpoint.display()
+            );
+            unmount(mountpoint, true)
+        }
+        Err(source) => Err(MountError::Unmount {
+            mountpoint: mountpoint.to_path_buf(),
+            source,
+            hint: "",
+        }),
+    }
+}
+
+/// Writes the readiness line (or the error) to `fd` and closes it; a standard descriptor is
+/// pointed at `/dev/null` instead, so later writes to it still succeed.
+fn notify_ready(fd: Option<RawFd>, result: Result<(), &MountError>) {
+    let Some(fd) = fd else { return };
+    let line = match result {
+        Ok(()) => format!("{READY_LINE}\n"),
+        Err(e) => format!("error: {}\n", e.to_string().replace('\n', " ")),
+    };
+    // SAFETY: the caller hands `fd` over (MountConfig::ready_fd): open, writable and ours to
+    // close; it is closed (or replaced) below and not used again.
+    let mut file = unsafe { File::from_raw_fd(fd) };
+    let _ = file.write_all(line.as_bytes());
+    if fd <= 2 {
+        if let Ok(null) = File::options().write(true).open("/dev/null") {
+            // SAFETY: both descriptors are open; dup2 atomically replaces `fd`.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+        std::mem::forget(file);
+    }
+}
+
+/// The readiness descriptor a background parent passed in [`READY_FD_ENV`], if any.
+pub fn ready_fd_from_env() -> Option<RawFd> {
+    std::env::var(READY_FD_ENV).ok()?.parse().ok()
+}
+
+/// Starts `command` (the binary with `mount … --foreground`) as a daemon in its own process
+/// group, and waits up to `timeout` for its readiness line on its stdout. Returns its pid.
+///
+/// # Errors
+/// The command cannot start, reports an error, exits, or is not ready in time (it is then
+/// killed).
+pub fn spawn_background(
+    mut command: Command,
+    mountpoint: &Path,
+    timeout: Duration,
+) -> Result<u32, MountError> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .env(READY_FD_ENV, "1")
+        .process_group(0);
+    let mut child = command.spawn().map_err(|e| {
+        MountError::Daemon(format!("cannot start {:?}: {e}", command.get_program()))
+    })?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(line) if line.trim_end() == READY_LINE => Ok(child.id()),
+        Ok(line) => {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            Err(MountError::Daemon(
+                match line.trim_end().strip_prefix("error: ") {
+                    Some(why) => why.to_owned(),
+                    None => format!("it exited ({status}) before mounting; see its log"),
+                },
+            ))
+        }
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(MountError::Timeout {
+                mountpoint: mountpoint.to_path_buf(),
+                waited: timeout,
+            })
+        }
+    }
+}
+
+/// A mount served by threads of this process. Dropping it unmounts and joins.
+#[derive(Debug)]
+pub struct MountHandle {
+    mountpoint: PathBuf,
+    unmounter: Option<SessionUnmounter>,
+    thread: Option<JoinHandle<io::Result<()>>>,
+}
+
+/// Mounts and serves on background threads of this process.
+///
+/// # Errors
+/// As [`mount`], before serving starts.
+pub fn spawn(config: MountConfig) -> Result<MountHandle, MountError> {
+    let Mounted {
+        session,
+        unmounter,
+        mountpoint,
+    } = start(&config)?;
+    let thread = std::thread::Builder::new()
+        .name("tensorfs-session".into())
+        .spawn(move || session.run())
+        .map_err(|source| MountError::Serve {
+            mountpoint: mountpoint.clone(),
+            source,
+        })?;
+    Ok(MountHandle {
+        mountpoint,
+        unmounter: Some(unmounter),
+        thread: Some(thread),
+    })
+}
+
+impl MountHandle {
+    /// Where it is mounted (canonical).
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmounts (lazily when busy) and waits for the session to end.
+    ///
+    /// # Errors
+    /// Unmounting fails, or the session ended with an error.
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), MountError> {
+        if let Some(mut unmounter) = self.unmounter.take() {
+            if let Err(e) = detach(&mut unmounter, &self.mountpoint) {
+                // Joining would wait for a session that may never end.
+                self.thread.take();
+                return Err(e);
+            }
+        }
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        let source = match thread.join() {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e,
+            Err(_) => io::Error::other("the session panicked"),
+        };
+        Err(MountError::Serve {
+            mountpoint: self.mountpoint.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for MountHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!("{e}");
+        }
+    }
+}
+
+/// Unmounts the mount at `mountpoint`; `lazy` detaches it now and lets it go when its files
+/// close. Works on stale mounts.
+///
+/// # Errors
+/// Not a mount point, busy (without `lazy`), or not permitted.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
+    // Not canonicalized: resolving a stale mount point fails with ENOTCONN.
+    let path = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let fail = |source: io::Error, hint| MountError::Unmount {
+        mountpoint: path.clone(),
+        source,
+        hint,
+    };
+    if is_root() {
+        let c_path = CString::new(path.as_os_str().as_bytes())
+            .map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidInput, e), ""))?;
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: `c_path` is a NUL-terminated path that outlives the call.
+        if unsafe { libc::umount2(c_path.as_ptr(), flags) } != 0 {
+            let source = io::Error::last_os_error();
+            let hint = match source.raw_os_error() {
+                Some(libc::EBUSY) => {
+                    "; files in it are open: unmount lazily (--lazy) to detach it now"
+                }
+                Some(libc::EINVAL) => "; it is not a mount point",
+                _ => "",
+            };
+            return Err(fail(source, hint));
+        }
+        return Ok(());
+    }
+    // Only the setuid helper may unmount for other users.
+    let flag = if lazy { "-uz" } else { "-u" };
+    let output = Command::new("fusermount3")
+        .arg(flag)
+        .arg(&path)
+        .output()
+        .or_else(|e| match e.kind() {
+            io::ErrorKind::NotFound => Command::new("fusermount").arg(flag).arg(&path).output(),
+            _ => Err(e),
+        })
+        .map_err(|e| fail(e, "; install fusermount3 (apt package fuse3)"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+        return Err(fail(io::Error::other(stderr), ""));
+    }
+    Ok(())
+}
+
+/// Checks that `path` can be mounted on, and returns it canonical.
+///
+/// # Errors
+/// [`MountError::Stale`] for a dead mount, [`MountError::AlreadyMounted`], or a path that is
+/// absent or not a folder.
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
+    let unusable = |source| MountError::Mountpoint {
+        mountpoint: path.to_path_buf(),
+        source,
+    };
+    match fs::metadata(path) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::Stale {
+                mountpoint: path.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(unusable(e)),
+        Ok(meta) if !meta.is_dir() => {
+            return Err(unusable(io::Error::from_raw_os_error(libc::ENOTDIR)))
+        }
+        Ok(_) => {}
+    }
+    let canonical = fs::canonicalize(path).map_err(unusable)?;
+    if is_mounted(&canonical) {
+        return Err(MountError::AlreadyMounted {
+            mountpoint: canonical,
+        });
+    }
+    Ok(canonical)
+}
+
+/// Whether a TensorFS mount is on `mountpoint` (canonical), per `/proc/self/mountinfo`.
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    find_mount(mountpoint).is_some_and(|m| m.fstype == FSTYPE)
+}
+
+/// One mount from `/proc/self/mountinfo`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MountInfo {
+    /// The device number `major:minor` (the bdi's name).
+    device: String,
+    fstype: String,
+}
+
+/// The topmost mount on `mountpoint`. Read from mountinfo rather than by `stat`, which would
+/// ask our own daemon (and deadlock before it serves) or fail on a stale mount.
+fn find_mount(mountpoint: &Path) -> Option<MountInfo> {
+    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fields: Vec<&str> = left.split(' ').collect();
+            let path = unescape(fields.get(4)?);
+            let device = fields.get(2)?;
+            let fstype = right.split(' ').next()?;
+            (Path::new(&path) == mountpoint).then(|| MountInfo {
+                device: device.to_string(),
+                fstype: fstype.to_owned(),
+            })
+        })
+        .last()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sets the readahead window of the mount's bdi (FUSE's `max_readahead` is capped at what the
+/// kernel offered, 128 KiB; the bdi's `read_ahead_kb` is not).
+fn set_read_ahead(mountpoint: &Path, kb: u32) -> io::Result<()> {
+    let info =
+        find_mount(mountpoint).ok_or_else(|| io::Error::other("not in /proc/self/mountinfo"))?;
+    let path = PathBuf::from(format!("/sys/class/bdi/{}/read_ahead_kb", info.device));
+    fs::write(&path, format!("{kb}\n"))
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    tracing::debug!("{}: read_ahead_kb = {kb}", path.display());
+    Ok(())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn in_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(unescape(r"/mnt/tab\011x\134y"), "/mnt/tab\tx\\y");
+        assert_eq!(unescape(r"/plain\0"), r"/plain\0");
+    }
+
+    #[test]
+    fn the_root_folder_is_found_in_mountinfo() {
+        let root = find_mount(Path::new("/")).expect("/ is mounted");
+        assert!(root.device.contains(':'), "{root:?}");
+    }
+
+    #[test]
+    fn a_missing_or_file_mountpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        for path in [dir.path().join("absent"), file] {
+            assert!(
+                matches!(check_mountpoint(&path), Err(MountError::Mountpoint { .. })),
+                "{path:?}"
+            );
+        }
+        assert_eq!(
+            check_mountpoint(dir.path()).unwrap(),
+            fs::canonicalize(dir.path()).unwrap()
+        );
+    }
+}

@@ -1,0 +1,398 @@
+//! Import: Diffusers folders, Transformers folders and loose `.safetensors` files become
+//! commits of a `local/` repo.
+//!
+//! 1. [`scan`] lists the source and tells its kind; [`model`] reads every config, index and
+//!    safetensors header of each lane (the default files, then one lane per weights variant
+//!    such as `fp16`) and refuses anything malformed, naming the file and tensor. Nothing has
+//!    been written yet.
+//! 2. [`chunks`] lays each component's tensors into chunks (spec §10) and writes them in
+//!    parallel, straight from memory-mapped sources, as staged objects; a component shared by
+//!    two lanes is written once.
+//! 3. Assets, repo files, each lane's header (with the `source_files` recipe that re-creates
+//!    every source file byte for byte) and tree are staged too.
+//! 4. Under the collector's fence, staged objects are published (renamed into `blobs/`), the
+//!    filesystem is synced, and the repo's ref names the new commits.
+//!
+//! A failure before step 4 drops the staged files: the store is as it was. A process killed at
+//! any point leaves at worst unnamed temp files and unreferenced objects, both of which the next
+//! import and the reference's verify accept.
+//!
+//! The header holds nothing about where the source was, so the same bytes imported from any
+//! path give the same header and commit ids.
+
+pub mod chunks;
+mod model;
+mod scan;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::format::header::HEADER_FORMAT;
+use crate::format::names::{is_portable, split_repo_name};
+use crate::format::{Body, Component, Header, Location, ObjectRef, Repo, Tensor, Tree, Value};
+use crate::layout::recipe::SOURCE_FILES;
+use crate::layout::FILE_METADATA;
+use crate::store::{Staged, Store, StoreError};
+
+/// Why an import failed. Nothing was added to the store.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// A source file is malformed or unreadable.
+    #[error("{}: {why}", path.display())]
+    Source {
+        /// The file (or folder).
+        path: PathBuf,
+        /// What is wrong, naming the tensor and numbers where there are some.
+        why: String,
+    },
+    /// The request itself is wrong (no source, a bad repo name).
+    #[error("{0}")]
+    Usage(String),
+    /// The store could not be written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ImportError {
+    pub(crate) fn source(path: &Path, why: impl Into<String>) -> ImportError {
+        ImportError::Source {
+            path: path.to_path_buf(),
+            why: why.into(),
+        }
+    }
+}
+
+/// Told how far an import is, in bytes of chunks written.
+pub trait Progress: Sync {
+    /// The total bytes the chunk writer will write.
+    fn start(&self, total_bytes: u64);
+    /// `bytes` more were written.
+    fn advance(&self, bytes: u64);
+}
+
+/// A progress sink that says nothing.
+#[derive(Debug, Default)]
+pub struct Quiet;
+
+impl Progress for Quiet {
+    fn start(&self, _: u64) {}
+    fn advance(&self, _: u64) {}
+}
+
+/// What an import made.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ImportReport {
+    /// The repo name.
+    pub name: String,
+    /// One commit per lane.
+    pub lanes: Vec<LaneReport>,
+    /// Source files left out, with why.
+    pub skipped: Vec<(String, String)>,
+    /// Bytes of chunks written (before deduplication against the store).
+    pub chunk_bytes: u64,
+    /// Objects that were not in the store before.
+    pub new_objects: usize,
+}
+
+/// One imported lane.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LaneReport {
+    /// The lane label.
+    pub lane: String,
+    /// The commit id, `sha256:<hex>`.
+    pub commit: String,
+    /// The header id, `sha256:<hex>`.
+    pub header: String,
+    /// Number of tensors.
+    pub tensors: usize,
+    /// Bytes of tensor data.
+    pub tensor_bytes: u64,
+    /// Files the lane folder shows.
+    pub files: usize,
+}
+
+/// Settings of an import.
+#[derive(Clone, Debug)]
+pub struct ImportConfig {
+    /// Chunk-writing threads (default: the machine's parallelism).
+    pub threads: usize,
+}
+
+impl Default for ImportConfig {
+    fn default() -> Self {
+        ImportConfig {
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+/// Imports `sources` (one folder, or `.safetensors` files) as new commits of repo `name`
+/// (`local/<name>`).
+///
+/// # Errors
+/// [`ImportError`]; on any error the store is left as it was.
+pub fn import(
+    store: &Store,
+    sources: &[PathBuf],
+    name: &str,
+    config: &ImportConfig,
+    progress: &dyn Progress,
+) -> Result<ImportReport, ImportError> {
+    check_name(name)?;
+    let source = scan::scan(sources)?;
+    let lanes = model::lanes(&source)?;
+
+    // Each distinct component (name and weights files) is planned and written once.
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut file_index: HashMap<PathBuf, usize> = HashMap::new();
+    let mut planned: HashMap<(String, Vec<PathBuf>), usize> = HashMap::new();
+    let mut plans: Vec<(chunks::Plan, std::ops::Range<usize>)> = Vec::new();
+    let mut jobs = Vec::new();
+    for lane in &lanes {
+        for c in &lane.components {
+            let key = (c.name.clone(), c.weights.clone());
+            if planned.contains_key(&key) {
+                continue;
+            }
+            let items: Vec<chunks::Item> = c
+                .tensors
+                .iter()
+                .map(|t| chunks::Item {
+                    key: &t.key,
+                    length: t.length,
+                })
+                .collect();
+            let plan = chunks::plan(&items);
+            let sources: Vec<(usize, u64)> = c
+                .tensors
+                .iter()
+                .map(|t| {
+                    let path = &c.weights[t.file];
+                    let index = *file_index.entry(path.clone()).or_insert_with(|| {
+                        files.push(path.clone());
+                        files.len() - 1
+                    });
+                    (index, t.offset)
+                })
+                .collect();
+            let first = jobs.len();
+            jobs.extend(chunks::jobs(&plan, &sources));
+            planned.insert(key, plans.len());
+            plans.push((plan, first..jobs.len()));
+        }
+    }
+    let total: u64 = jobs.iter().map(|j| j.length).sum();
+    progress.start(total);
+    let staged_chunks = chunks::write(store, &files, &jobs, config.threads, &|n| {
+        progress.advance(n)
+    })?;
+    let chunk_refs: Vec<ObjectRef> = staged_chunks.iter().map(|s| *s.object()).collect();
+
+    let mut staged: Vec<Staged> = staged_chunks;
+    let mut file_refs: HashMap<PathBuf, ObjectRef> = HashMap::new();
+    let mut reports = Vec::new();
+    let mut trees = Vec::new();
+    let mut skipped = Vec::new();
+    for lane in &lanes {
+        skipped.extend(
+            lane.skipped
+                .iter()
+                .map(|(p, why)| (p.clone(), why.to_string())),
+        );
+        let mut header = Header {
+            format: HEADER_FORMAT.to_owned(),
+            chunks: Vec::new(),
+            encodings: Vec::new(),
+            pipeline: lane.pipeline.clone(),
+            components: Vec::new(),
+            metadata: BTreeMap::new(),
+        };
+        let mut tensor_bytes = 0;
+        for c in &lane.components {
+            let (plan, range) = &plans[planned[&(c.name.clone(), c.weights.clone())]];
+            let base = header.chunks.len() as u64;
+            header.chunks.extend_from_slice(&chunk_refs[range.clone()]);
+            let tensors = c
+                .tensors
+                .iter()
+                .zip(&plan.places)
+                .map(|(t, place)| {
+                    tensor_bytes += t.length;
+                    let location = match place.length {
+                        0 => Location::default(),
+                        _ => Location {
+                            chunk: place.chunk + base,
+                            ..*place
+                        },
+                    };
+                    Tensor {
+                        key: t.key.clone(),
+                        dtype: t.dtype.clone(),
+                        shape: t.shape.clone(),
+                        body: Body::Plain(location),
+                    }
+                })
+                .collect();
+            let mut assets = BTreeMap::new();
+            for (rel, path) in &c.assets {
+                assets.insert(
+                    rel.clone(),
+                    stage_file(store, path, &mut file_refs, &mut staged)?,
+                );
+            }
+            header.components.push(Component {
+                name: c.name.clone(),
+                class: c.class.clone(),
+                config: c.config.clone(),
+                tensors,
+                assets,
+                config_file: c.config_file.clone(),
+            });
+        }
+        if !lane.file_metadata.is_empty() {
+            let by_component = lane.file_metadata.iter().map(|(c, m)| {
+                let strings = m.iter().map(|(k, v)| (k.clone(), Value::Text(v.clone())));
+                (c.clone(), Value::map(strings))
+            });
+            header
+                .metadata
+                .insert(FILE_METADATA.into(), Value::map(by_component));
+        }
+        header
+            .metadata
+            .insert(SOURCE_FILES.into(), lane.recipe.to_value());
+        let header_bytes = header.to_cbor().map_err(|e| {
+            ImportError::Usage(format!(
+                "the header for lane {} cannot be encoded: {e}",
+                lane.lane
+            ))
+        })?;
+        let header_ref = stage_bytes(store, &header_bytes, &mut staged)?;
+        let mut tree_files = BTreeMap::new();
+        for (path, source) in &lane.repo_files {
+            tree_files.insert(
+                path.clone(),
+                stage_file(store, source, &mut file_refs, &mut staged)?,
+            );
+        }
+        tree_files.insert(header_name(&tree_files), header_ref);
+        let tree = Tree {
+            lane: Some(lane.lane.clone()),
+            files: tree_files,
+        };
+        let view = crate::layout::LaneView::build(&ObjectRef::of(&tree.to_json()), &tree, &header)
+            .map_err(|e| ImportError::Usage(format!("lane {}: {e}", lane.lane)))?;
+        let commit = stage_bytes(store, &tree.to_json(), &mut staged)?;
+        trees.push(commit);
+        reports.push(LaneReport {
+            lane: lane.lane.clone(),
+            commit: commit.id(),
+            header: header_ref.id(),
+            tensors: lane.components.iter().map(|c| c.tensors.len()).sum(),
+            tensor_bytes,
+            files: view.files.len(),
+        });
+    }
+
+    let _fence = store.fence()?;
+    let mut new_objects = 0;
+    for s in staged {
+        let present = store.contains(s.object());
+        s.publish()?;
+        new_objects += usize::from(!present);
+    }
+    store.update_repo(name, |old| {
+        let mut repo = old.unwrap_or_else(|| Repo {
+            name: name.to_owned(),
+            releases: Vec::new(),
+            commits: Vec::new(),
+        });
+        // Newest last: a re-import makes its commits the newest again.
+        repo.commits.retain(|c| !trees.contains(c));
+        repo.commits.extend(trees.iter().copied());
+        repo
+    })?;
+    Ok(ImportReport {
+        name: name.to_owned(),
+        lanes: reports,
+        skipped,
+        chunk_bytes: total,
+        new_objects,
+    })
+}
+
+/// The header's file name in the tree: `model.cozytensors`, unless a repo file has it.
+fn header_name(files: &BTreeMap<String, ObjectRef>) -> String {
+    let mut name = "model.cozytensors".to_owned();
+    while files.contains_key(&name) {
+        name.insert(0, '_');
+    }
+    name
+}
+
+fn check_name(name: &str) -> Result<(), ImportError> {
+    let usage = |why: &str| ImportError::Usage(format!("repo name {name:?}: {why}"));
+    let (org, model) = split_repo_name(name).map_err(|_| usage("is not local/<name>"))?;
+    if org != "local" {
+        return Err(usage(
+            "imports are named local/<name> (the org `local` is this machine's own)",
+        ));
+    }
+    if !is_portable(model) {
+        return Err(usage(
+            "a name is ASCII letters, digits, `.`, `_` and `-`, not starting with `.`",
+        ));
+    }
+    Ok(())
+}
+
+fn stage_bytes(
+    store: &Store,
+    bytes: &[u8],
+    staged: &mut Vec<Staged>,
+) -> Result<ObjectRef, ImportError> {
+    let mut writer = store.writer()?;
+    writer.write_all(bytes).map_err(|e| StoreError::Io {
+        op: "write",
+        path: store.root().join("tmp"),
+        source: e,
+    })?;
+    let s = writer.finish_staged()?;
+    let object = *s.object();
+    staged.push(s);
+    Ok(object)
+}
+
+fn stage_file(
+    store: &Store,
+    path: &Path,
+    done: &mut HashMap<PathBuf, ObjectRef>,
+    staged: &mut Vec<Staged>,
+) -> Result<ObjectRef, ImportError> {
+    if let Some(object) = done.get(path) {
+        return Ok(*object);
+    }
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| ImportError::source(path, format!("cannot open: {e}")))?;
+    let mut writer = store.writer()?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(|e| ImportError::source(path, format!("cannot read: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        writer.write_all(&buf[..n]).map_err(|e| StoreError::Io {
+            op: "write",
+            path: store.root().join("tmp"),
+            source: e,
+        })?;
+    }
+    let s = writer.finish_staged()?;
+    let object = *s.object();
+    staged.push(s);
+    done.insert(path.to_path_buf(), object);
+    Ok(object)
+}

@@ -1,0 +1,394 @@
+//! Laying tensors into chunks (spec §10) and writing the chunks.
+//!
+//! The planner is pure: parts in header order in, chunk lengths and locations out.
+//! - A part of 16 MiB or more is standalone: its own chunks, split every 64 MiB from its first
+//!   byte, so an unchanged large tensor has the same objects in every model that holds it.
+//! - Smaller parts are packed in order at 4 KiB-aligned offsets. The open pack closes before a
+//!   part of another component, before a part that would end past 64 MiB, and, once it holds
+//!   16 MiB, before a part of another block (the key up to its last all-digit segment:
+//!   `encoder.layer.3.attention.self.query.weight` → `encoder.layer.3`). A pack's index is
+//!   taken when it opens; standalone parts do not close it.
+//! - Zero-length parts take no space (`[0, 0, 0]`).
+//!
+//! Chunks never span components, so a component planned alone gives the same chunks as within
+//! its model; an import plans each component once and reuses them across lanes.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use memmap2::Mmap;
+
+use super::ImportError;
+use crate::format::Location;
+use crate::store::{Staged, Store};
+
+/// Parts this long or longer are standalone.
+pub const STANDALONE_BYTES: u64 = 16 << 20;
+/// Standalone parts split, and packs end, at this many bytes.
+pub const CHUNK_MAX_BYTES: u64 = 64 << 20;
+/// A pack holding this much closes at the next block boundary.
+pub const BLOCK_CLOSE_BYTES: u64 = 16 << 20;
+/// Packed parts start at multiples of this.
+pub const ALIGN_BYTES: u64 = 4096;
+
+/// One part to place: its key (for blocks) and length.
+#[derive(Clone, Copy, Debug)]
+pub struct Item<'a> {
+    /// The tensor key.
+    pub key: &'a str,
+    /// Byte length.
+    pub length: u64,
+}
+
+/// Chunk lengths and each item's location, for one component.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Chunk lengths in index order.
+    pub chunks: Vec<u64>,
+    /// Each item's location, in item order.
+    pub places: Vec<Location>,
+}
+
+/// The key up to and including its last all-digit dot-separated segment (`""` if none).
+pub fn block_of(key: &str) -> &str {
+    let mut end = 0;
+    let mut at = 0;
+    for segment in key.split('.') {
+        at += segment.len();
+        if !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) {
+            end = at;
+        }
+        at += 1;
+    }
+    &key[..end]
+}
+
+/// Plans one component's parts, in order.
+pub fn plan(items: &[Item<'_>]) -> Plan {
+    let mut chunks: Vec<u64> = Vec::new();
+    let mut places = vec![Location::default(); items.len()];
+    // The open pack: its index and the block of its last part.
+    let mut pack: Option<(usize, &str)> = None;
+    for (i, item) in items.iter().enumerate() {
+        if item.length == 0 {
+            continue;
+        }
+        if item.length >= STANDALONE_BYTES {
+            places[i] = Location {
+                chunk: chunks.len() as u64,
+                offset: 0,
+                length: item.length,
+            };
+            let mut left = item.length;
+            while left > 0 {
+                let take = left.min(CHUNK_MAX_BYTES);
+                chunks.push(take);
+                left -= take;
+            }
+            continue;
+        }
+        let block = block_of(item.key);
+        let open = pack.and_then(|(c, last)| {
+            let start = chunks[c].next_multiple_of(ALIGN_BYTES);
+            let full = chunks[c] >= BLOCK_CLOSE_BYTES && last != block;
+            (!full && start + item.length <= CHUNK_MAX_BYTES).then_some((c, start))
+        });
+        let (c, offset) = open.unwrap_or_else(|| {
+            chunks.push(0);
+            (chunks.len() - 1, 0)
+        });
+        chunks[c] = offset + item.length;
+        places[i] = Location {
+            chunk: c as u64,
+            offset,
+            length: item.length,
+        };
+        pack = Some((c, block));
+    }
+    Plan { chunks, places }
+}
+
+/// Bytes of a source file to copy into a chunk.
+#[derive(Clone, Debug)]
+pub(crate) struct Piece {
+    /// Offset in the chunk.
+    pub chunk_offset: u64,
+    /// Index of the source file.
+    pub file: usize,
+    /// Offset in the source file.
+    pub file_offset: u64,
+    pub length: u64,
+}
+
+/// One chunk to write: its length and the pieces that fill it (gaps are zeros).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ChunkJob {
+    pub length: u64,
+    pub pieces: Vec<Piece>,
+}
+
+/// The chunk jobs of a plan whose item `i` comes from `sources[i]` = (file, offset).
+pub(crate) fn jobs(plan: &Plan, sources: &[(usize, u64)]) -> Vec<ChunkJob> {
+    let mut jobs: Vec<ChunkJob> = plan
+        .chunks
+        .iter()
+        .map(|&length| ChunkJob {
+            length,
+            pieces: Vec::new(),
+        })
+        .collect();
+    for (place, &(file, file_offset)) in plan.places.iter().zip(sources) {
+        let (mut chunk, mut offset, mut left, mut from) = (
+            place.chunk as usize,
+            place.offset,
+            place.length,
+            file_offset,
+        );
+        while left > 0 {
+            let take = left.min(jobs[chunk].length - offset);
+            jobs[chunk].pieces.push(Piece {
+                chunk_offset: offset,
+                file,
+                file_offset: from,
+                length: take,
+            });
+            (chunk, offset, left, from) = (chunk + 1, 0, left - take, from + take);
+        }
+    }
+    for job in &mut jobs {
+        job.pieces.sort_by_key(|p| p.chunk_offset);
+    }
+    jobs
+}
+
+/// Writes `jobs` (chunks of source files `files`) as staged objects, in parallel over
+/// `threads` workers; `progress` gets each chunk's byte count as it completes.
+///
+/// # Errors
+/// A source cannot be mapped or changed size, or the store cannot be written.
+pub(crate) fn write(
+    store: &Store,
+    files: &[PathBuf],
+    jobs: &[ChunkJob],
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<Staged>, ImportError> {
+    let maps = files
+        .iter()
+        .map(|path| {
+            let file = File::open(path)
+                .map_err(|e| ImportError::source(path, format!("cannot open: {e}")))?;
+            // SAFETY: the map is read-only; a source truncated while mapped would fault, so
+            // each read is checked against the length seen at validation (below).
+            unsafe { Mmap::map(&file) }
+                .map_err(|e| ImportError::source(path, format!("cannot map: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for map in &maps {
+        // Only a hint for the kernel's readahead; the copy is correct without it.
+        let _ = map.advise(memmap2::Advice::Sequential);
+    }
+    let next = AtomicU64::new(0);
+    let results: Mutex<Vec<Option<Result<Staged, ImportError>>>> =
+        Mutex::new((0..jobs.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1).min(jobs.len().max(1)) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let Some(job) = jobs.get(i) else { break };
+                let result = write_one(store, files, &maps, job);
+                if result.is_ok() {
+                    progress(job.length);
+                }
+                let failed = result.is_err();
+                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
+                if failed {
+                    // Stop handing out work: the import fails anyway.
+                    next.store(u64::MAX / 2, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let mut staged = Vec::with_capacity(jobs.len());
+    for result in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match result {
+            Some(Ok(s)) => staged.push(s),
+            Some(Err(e)) => return Err(e),
+            None => {}
+        }
+    }
+    Ok(staged)
+}
+
+fn write_one(
+    store: &Store,
+    files: &[PathBuf],
+    maps: &[Mmap],
+    job: &ChunkJob,
+) -> Result<Staged, ImportError> {
+    let mut writer = store.writer()?;
+    let mut at = 0;
+    for piece in &job.pieces {
+        let map = &maps[piece.file];
+        let end = piece.file_offset + piece.length;
+        if end > map.len() as u64 {
+            return Err(ImportError::source(
+                &files[piece.file],
+                "the file shrank while it was imported",
+            ));
+        }
+        let io = |e| {
+            ImportError::Store(crate::store::StoreError::Io {
+                op: "write",
+                path: store.root().join("tmp"),
+                source: e,
+            })
+        };
+        writer.write_zeros(piece.chunk_offset - at).map_err(io)?;
+        writer
+            .write_all(&map[piece.file_offset as usize..end as usize])
+            .map_err(io)?;
+        at = piece.chunk_offset + piece.length;
+    }
+    debug_assert_eq!(at, job.length);
+    Ok(writer.finish_staged()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn items<'a>(spec: &'a [(&'a str, u64)]) -> Vec<Item<'a>> {
+        spec.iter()
+            .map(|&(key, length)| Item { key, length })
+            .collect()
+    }
+
+    #[test]
+    fn block_is_the_key_up_to_its_last_numeric_segment() {
+        assert_eq!(
+            block_of("transformer_blocks.12.attn.to_q.weight"),
+            "transformer_blocks.12"
+        );
+        assert_eq!(block_of("down.1.attn.0.proj"), "down.1.attn.0");
+        assert_eq!(block_of("conv_in.weight"), "");
+        assert_eq!(block_of("a.1x.b"), "");
+    }
+
+    #[test]
+    fn small_parts_pack_at_aligned_offsets() {
+        let p = plan(&items(&[("a", 10), ("b", 5000), ("c", 0), ("d", 1)]));
+        assert_eq!(p.chunks, vec![12289]);
+        let offsets: Vec<_> = p
+            .places
+            .iter()
+            .map(|l| (l.chunk, l.offset, l.length))
+            .collect();
+        assert_eq!(
+            offsets,
+            vec![(0, 0, 10), (0, 4096, 5000), (0, 0, 0), (0, 12288, 1)]
+        );
+    }
+
+    #[test]
+    fn standalone_parts_split_every_64_mib_and_leave_the_pack_open() {
+        let p = plan(&items(&[
+            ("a", 10),
+            ("big", 130 * MIB),
+            ("b", 10),
+            ("edge", 16 * MIB),
+            ("below", 16 * MIB - 1),
+        ]));
+        assert_eq!(
+            p.chunks,
+            vec![8192 + 16 * MIB - 1, 64 * MIB, 64 * MIB, 2 * MIB, 16 * MIB]
+        );
+        assert_eq!(
+            p.places[1],
+            Location {
+                chunk: 1,
+                offset: 0,
+                length: 130 * MIB
+            }
+        );
+        assert_eq!(
+            p.places[2],
+            Location {
+                chunk: 0,
+                offset: 4096,
+                length: 10
+            }
+        );
+        assert_eq!(
+            p.places[3],
+            Location {
+                chunk: 4,
+                offset: 0,
+                length: 16 * MIB
+            }
+        );
+        assert_eq!(
+            p.places[4],
+            Location {
+                chunk: 0,
+                offset: 8192,
+                length: 16 * MIB - 1
+            }
+        );
+    }
+
+    #[test]
+    fn a_full_pack_closes_at_a_new_block_only() {
+        let p = plan(&items(&[
+            ("l.0.a", 15 * MIB),
+            ("l.0.b", 2 * MIB),
+            ("l.0.c", 1),
+            ("l.1.a", 1),
+        ]));
+        assert_eq!(p.chunks.len(), 2);
+        assert_eq!(p.places[2].chunk, 0);
+        assert_eq!(
+            p.places[3],
+            Location {
+                chunk: 1,
+                offset: 0,
+                length: 1
+            }
+        );
+    }
+
+    #[test]
+    fn a_pack_never_grows_past_64_mib() {
+        let p = plan(&items(&[
+            ("x.a", 15 * MIB),
+            ("x.b", 15 * MIB),
+            ("x.c", 15 * MIB),
+            ("x.d", 15 * MIB),
+            ("x.e", 5 * MIB),
+        ]));
+        assert_eq!(p.chunks.len(), 2);
+        assert_eq!(p.places[4].chunk, 1);
+        assert!(p.chunks.iter().all(|&c| c <= 64 * MIB));
+    }
+
+    #[test]
+    fn jobs_cover_each_chunk_with_pieces_in_order() {
+        let p = plan(&items(&[("a", 10), ("big", 70 * MIB), ("b", 3)]));
+        let j = jobs(&p, &[(0, 100), (0, 200), (1, 0)]);
+        assert_eq!(j.len(), 3);
+        assert_eq!(
+            j[0].pieces
+                .iter()
+                .map(|p| (p.chunk_offset, p.file, p.file_offset, p.length))
+                .collect::<Vec<_>>(),
+            vec![(0, 0, 100, 10), (4096, 1, 0, 3)]
+        );
+        assert_eq!(j[1].pieces[0].length, 64 * MIB);
+        assert_eq!(j[2].pieces[0].file_offset, 200 + 64 * MIB);
+    }
+}

@@ -1,0 +1,625 @@
+//! What one lane of a source becomes: its pipeline, components (configs, assets, tensors read
+//! from safetensors headers), repo files, and the recipe that re-creates each source file.
+//!
+//! Everything here reads only headers and small files; tensor bytes are read later, once, by
+//! the chunk writer. So every refusal (a malformed safetensors header, an index naming a
+//! missing shard, a bad name) happens before anything is written to the store.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::scan::{self, Kind, Source, Weights};
+use super::ImportError;
+use crate::format::json::{self, Json};
+use crate::format::names::{has_control, is_label, is_segment};
+use crate::format::safetensors::{self as st, SafetensorsHeader};
+use crate::format::{ClassRef, Config, Dtype, Pipeline, Value};
+use crate::layout::recipe::{SourceFile, SourceFiles};
+use crate::layout::{PIPELINE_FILE, ROOT_COMPONENT};
+
+/// A folder's config file: the first of these it holds.
+const CONFIGS: [&str; 5] = [
+    "config.json",
+    "scheduler_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "tokenizer_config.json",
+];
+
+/// One lane to import.
+#[derive(Debug)]
+pub(crate) struct LaneModel {
+    /// The lane label.
+    pub lane: String,
+    pub pipeline: Option<Pipeline>,
+    pub components: Vec<ComponentModel>,
+    /// Repo files by path in the lane folder.
+    pub repo_files: BTreeMap<String, PathBuf>,
+    pub recipe: SourceFiles,
+    /// Each component's first weights file's `__metadata__`.
+    pub file_metadata: BTreeMap<String, Vec<(String, String)>>,
+    /// Files left out, with why (shown to the user).
+    pub skipped: Vec<(String, &'static str)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ComponentModel {
+    pub name: String,
+    pub class: ClassRef,
+    pub config: Config,
+    pub config_file: Option<String>,
+    pub assets: BTreeMap<String, PathBuf>,
+    /// Tensors in construction order: weights files by name, each in data order.
+    pub tensors: Vec<SourceTensor>,
+    /// The weights files the tensors come from (identifies the component's bytes).
+    pub weights: Vec<PathBuf>,
+}
+
+/// A tensor's place in a source file.
+#[derive(Clone, Debug)]
+pub(crate) struct SourceTensor {
+    pub key: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Index into [`ComponentModel::weights`].
+    pub file: usize,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// A component folder's files, sorted out.
+#[derive(Default)]
+struct Folder {
+    /// Component-relative path → source path.
+    files: BTreeMap<String, PathBuf>,
+}
+
+/// Every lane of `source`: the default (files without a variant), then one per variant.
+///
+/// # Errors
+/// Any malformed file, with its path and what is wrong.
+pub(crate) fn lanes(source: &Source) -> Result<Vec<LaneModel>, ImportError> {
+    let variants = scan::variants(&source.files);
+    let mut lanes = Vec::new();
+    let has_default = source.files.keys().any(|p| {
+        matches!(
+            scan::weights(file_name(p)),
+            Some(Weights::File { variant: None })
+        )
+    });
+    if has_default || variants.is_empty() {
+        lanes.push(lane(source, None)?);
+    }
+    for v in &variants {
+        lanes.push(lane(source, Some(v))?);
+    }
+    let mut taken = BTreeSet::new();
+    for (i, l) in lanes.iter_mut().enumerate() {
+        let default = i == 0 && has_default;
+        if default && variants.contains(&l.lane) {
+            l.lane = "default".into();
+        }
+        if !taken.insert(l.lane.clone()) {
+            return Err(ImportError::Usage(format!(
+                "two lanes would both be called {:?}",
+                l.lane
+            )));
+        }
+    }
+    Ok(lanes)
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+fn lane(source: &Source, variant: Option<&str>) -> Result<LaneModel, ImportError> {
+    let mut model = LaneModel {
+        lane: String::new(),
+        pipeline: None,
+        components: Vec::new(),
+        repo_files: BTreeMap::new(),
+        recipe: SourceFiles::default(),
+        file_metadata: BTreeMap::new(),
+        skipped: Vec::new(),
+    };
+    // Component folder ("" for the root) → its files; the rest are repo files.
+    let mut folders: Vec<(String, String, Folder)> = Vec::new();
+    match source.kind {
+        Kind::Files => {
+            for (name, path) in &source.files {
+                let stem = name
+                    .strip_suffix(".safetensors")
+                    .expect("scanned as .safetensors");
+                if !is_segment(stem) {
+                    return Err(ImportError::source(
+                        path,
+                        "the file name makes no component name",
+                    ));
+                }
+                let mut folder = Folder::default();
+                folder.files.insert(name.clone(), path.clone());
+                folders.push((stem.to_owned(), String::new(), folder));
+            }
+        }
+        Kind::Transformers => {
+            let mut folder = Folder::default();
+            for (rel, path) in &source.files {
+                if rel.contains('/') {
+                    keep(&mut model, rel, path);
+                } else {
+                    folder.files.insert(rel.clone(), path.clone());
+                }
+            }
+            folders.push((ROOT_COMPONENT.to_owned(), String::new(), folder));
+        }
+        Kind::Diffusers => {
+            let path = &source.files[PIPELINE_FILE];
+            let text = read_text(path)?;
+            let config = parse_config(path, &text)?;
+            let mut listed: Vec<(String, ClassRef)> = Vec::new();
+            for (name, row) in &config {
+                if name.starts_with('_') {
+                    continue;
+                }
+                let Value::Array(row) = row else { continue };
+                if !is_segment(name) || has_control(name) {
+                    return Err(ImportError::source(
+                        path,
+                        format!("component {name:?} cannot be a folder name"),
+                    ));
+                }
+                let class = match row.as_slice() {
+                    [Value::Text(library), Value::Text(class), ..] => ClassRef {
+                        library: library.clone(),
+                        version: String::new(),
+                        name: class.clone(),
+                    },
+                    _ => ClassRef::default(),
+                };
+                listed.push((name.clone(), class));
+            }
+            let class = ClassRef {
+                library: "diffusers".into(),
+                version: String::new(),
+                name: config
+                    .get("_class_name")
+                    .and_then(Value::as_text)
+                    .unwrap_or_default()
+                    .to_owned(),
+            };
+            model
+                .recipe
+                .0
+                .insert(PIPELINE_FILE.into(), SourceFile::Text(text));
+            model.pipeline = Some(Pipeline { class, config });
+            // Components in model_index.json's order (its producer's), then unlisted folders
+            // that hold weights, by name.
+            let mut names: Vec<String> = listed.iter().map(|(n, _)| n.clone()).collect();
+            let unlisted: BTreeSet<&str> = source
+                .files
+                .keys()
+                .filter(|p| p.ends_with(".safetensors"))
+                .filter_map(|p| p.split_once('/').map(|(f, _)| f))
+                .filter(|f| !names.iter().any(|n| n == f))
+                .collect();
+            names.extend(unlisted.into_iter().map(str::to_owned));
+            for name in names {
+                let prefix = format!("{name}/");
+                let mut folder = Folder::default();
+                for (rel, path) in source.files.range(prefix.clone()..) {
+                    let Some(inner) = rel.strip_prefix(&prefix) else {
+                        break;
+                    };
+                    folder.files.insert(inner.to_owned(), path.clone());
+                }
+                let class = listed
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, c)| c.clone());
+                folders.push((name.clone(), prefix, folder));
+                if let Some(class) = class {
+                    model.components.push(ComponentModel::empty(&name, class));
+                }
+            }
+            for (rel, path) in &source.files {
+                let in_component = rel
+                    .split_once('/')
+                    .is_some_and(|(f, _)| folders.iter().any(|(n, _, _)| n == f));
+                if rel != PIPELINE_FILE && !in_component {
+                    if !rel.contains('/') && rel.ends_with(".safetensors") {
+                        model.skipped.push((
+                            rel.clone(),
+                            "a single-file checkpoint beside the pipeline; import it on its own",
+                        ));
+                    } else {
+                        keep(&mut model, rel, path);
+                    }
+                }
+            }
+        }
+    }
+    for (name, prefix, folder) in folders {
+        let component = component(&mut model, &name, &prefix, folder, variant)?;
+        match model.components.iter_mut().find(|c| c.name == name) {
+            Some(listed) => {
+                let class = std::mem::take(&mut listed.class);
+                *listed = component;
+                if source.kind == Kind::Diffusers {
+                    listed.class = class;
+                }
+            }
+            None => model.components.push(component),
+        }
+    }
+    // A listed component with no folder (`[null, null]`, an optional part left out) has nothing
+    // to store.
+    model.components.retain(|c| {
+        !(c.tensors.is_empty()
+            && c.assets.is_empty()
+            && c.config.is_empty()
+            && c.config_file.is_none())
+    });
+    resolve_versions(&mut model);
+    model.lane = match variant {
+        Some(v) => lane_label(v),
+        None => main_dtype(&model),
+    };
+    Ok(model)
+}
+
+/// A repo file, unless it is weights the mount cannot serve.
+fn keep(model: &mut LaneModel, rel: &str, path: &Path) {
+    if scan::is_foreign_weights(rel) {
+        model
+            .skipped
+            .push((rel.to_owned(), "weights in a format other than safetensors"));
+    } else {
+        model.repo_files.insert(rel.to_owned(), path.to_path_buf());
+    }
+}
+
+impl ComponentModel {
+    fn empty(name: &str, class: ClassRef) -> ComponentModel {
+        ComponentModel {
+            name: name.to_owned(),
+            class,
+            config: Config::new(),
+            config_file: None,
+            assets: BTreeMap::new(),
+            tensors: Vec::new(),
+            weights: Vec::new(),
+        }
+    }
+}
+
+/// Run data: a file a component loads or runs with (tokenizers and vocabularies, generation
+/// and preprocessor configs, chat templates). Docs, code and images are repo files.
+fn run_data(path: &str) -> bool {
+    let lower = file_name(path).to_ascii_lowercase();
+    let doc = ["readme", "license", "licence", "notice", "copying"];
+    !doc.iter().any(|d| lower.starts_with(d))
+        && [".json", ".txt", ".model", ".jinja", ".tiktoken"]
+            .iter()
+            .any(|e| lower.ends_with(e))
+}
+
+fn component(
+    model: &mut LaneModel,
+    name: &str,
+    prefix: &str,
+    folder: Folder,
+    variant: Option<&str>,
+) -> Result<ComponentModel, ImportError> {
+    let mut c = ComponentModel::empty(name, ClassRef::default());
+    // Weights of this folder (not nested), by variant.
+    let mut files: BTreeMap<Option<String>, Vec<(String, PathBuf)>> = BTreeMap::new();
+    let mut indexes: BTreeMap<Option<String>, (String, PathBuf)> = BTreeMap::new();
+    let mut rest = Vec::new();
+    for (rel, path) in folder.files {
+        match (rel.contains('/'), scan::weights(&rel)) {
+            (false, Some(Weights::File { variant })) => {
+                files.entry(variant).or_default().push((rel, path))
+            }
+            (false, Some(Weights::Index { variant })) => {
+                indexes.insert(variant, (rel, path));
+            }
+            _ => rest.push((rel, path)),
+        }
+    }
+    let wanted = variant.map(str::to_owned);
+    let pick = if files.contains_key(&wanted) {
+        wanted.clone()
+    } else {
+        None
+    };
+    let mut weights = files.remove(&pick).unwrap_or_default();
+    let index = indexes.remove(&pick);
+    // Weights of other variants belong to other lanes; an index of this variant names its shards.
+    if let Some((index_rel, index_path)) = &index {
+        let text = read_text(index_path)?;
+        let shards = check_index(index_path, &text, &weights)?;
+        let (named, others): (Vec<_>, Vec<_>) = weights
+            .into_iter()
+            .partition(|(rel, _)| shards.contains(rel));
+        weights = named;
+        for (rel, path) in others {
+            model.repo_files.insert(format!("{prefix}{rel}"), path);
+        }
+        model
+            .recipe
+            .0
+            .insert(format!("{prefix}{index_rel}"), SourceFile::Text(text));
+    }
+    let config_name = CONFIGS
+        .iter()
+        .find(|f| rest.iter().any(|(rel, _)| rel == *f))
+        .copied();
+    for (rel, path) in rest {
+        let lane_path = format!("{prefix}{rel}");
+        if Some(rel.as_str()) == config_name {
+            let text = read_text(&path)?;
+            c.config = parse_config(&path, &text)?;
+            model.recipe.0.insert(lane_path, SourceFile::Text(text));
+        } else if scan::is_foreign_weights(&rel) {
+            model
+                .skipped
+                .push((lane_path, "weights in a format other than safetensors"));
+        } else if run_data(&rel) {
+            c.assets.insert(rel, path);
+        } else {
+            model.repo_files.insert(lane_path, path);
+        }
+    }
+    c.config_file = config_name
+        .filter(|f| *f != "config.json")
+        .map(str::to_owned);
+    c.class = config_class(config_name.unwrap_or(""), &c.config);
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (rel, path) in weights {
+        let (header, text) = read_header(&path)?;
+        let file = c.weights.len();
+        for t in &header.tensors {
+            if let Some(other) = seen.insert(t.name.clone(), file) {
+                return Err(ImportError::source(
+                    &path,
+                    format!(
+                        "tensor {:?} is also in {}",
+                        t.name,
+                        c.weights[other].display()
+                    ),
+                ));
+            }
+            c.tensors.push(SourceTensor {
+                key: t.name.clone(),
+                dtype: t.dtype.clone(),
+                shape: t.shape.clone(),
+                file,
+                offset: header.data_start() + t.begin,
+                length: t.end - t.begin,
+            });
+        }
+        if file == 0 {
+            if let Some(meta) = &header.metadata {
+                model.file_metadata.insert(name.to_owned(), meta.clone());
+            }
+        }
+        c.weights.push(path);
+        model.recipe.0.insert(
+            format!("{prefix}{rel}"),
+            SourceFile::Safetensors {
+                component: name.to_owned(),
+                header: text,
+            },
+        );
+    }
+    Ok(c)
+}
+
+/// Reads and validates a safetensors file's header; returns it and its exact JSON text.
+fn read_header(path: &Path) -> Result<(SafetensorsHeader, String), ImportError> {
+    let bad = |why: String| ImportError::source(path, why);
+    let file = File::open(path).map_err(|e| bad(format!("cannot open: {e}")))?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| bad(format!("cannot stat: {e}")))?
+        .len();
+    let mut first = [0u8; 8];
+    let got = read_prefix(&file, &mut first).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let n = st::header_len(&first[..got], file_len).map_err(|e| bad(e.to_string()))?;
+    let mut json = vec![0u8; n as usize];
+    file.read_exact_at(&mut json, 8)
+        .map_err(|e| bad(format!("cannot read the header: {e}")))?;
+    let header = st::parse_header(&json, file_len).map_err(|e| bad(e.to_string()))?;
+    let text = String::from_utf8(json).map_err(|_| bad("the header is not UTF-8".into()))?;
+    Ok((header, text))
+}
+
+fn read_prefix(file: &File, buf: &mut [u8; 8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], got as u64)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(got)
+}
+
+/// Checks a shard index against the shards present: every shard it names exists, and every
+/// tensor it maps is in that shard. Returns the shards it names.
+fn check_index(
+    path: &Path,
+    text: &str,
+    shards: &[(String, PathBuf)],
+) -> Result<BTreeSet<String>, ImportError> {
+    let bad = |why: String| ImportError::source(path, why);
+    let doc = json::parse(text.as_bytes()).map_err(|e| bad(e.to_string()))?;
+    let Json::Object(fields) = doc else {
+        return Err(bad("is not a JSON object".into()));
+    };
+    let Some((_, Json::Object(map))) = fields.iter().find(|(k, _)| k == "weight_map") else {
+        return Err(bad("has no weight_map object".into()));
+    };
+    let mut by_shard: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (tensor, shard) in map {
+        let Json::Text(shard) = shard else {
+            return Err(bad(format!("weight_map[{tensor:?}] is not a file name")));
+        };
+        if !is_segment(shard) || has_control(shard) {
+            return Err(bad(format!(
+                "weight_map[{tensor:?}] names {shard:?}, which is not a file in this folder"
+            )));
+        }
+        by_shard.entry(shard.clone()).or_default().push(tensor);
+    }
+    for (shard, tensors) in &by_shard {
+        let Some((_, shard_path)) = shards.iter().find(|(rel, _)| rel == shard) else {
+            return Err(bad(format!("names shard {shard:?}, which is missing")));
+        };
+        let (header, _) = read_header(shard_path)?;
+        let held: BTreeSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+        if let Some(missing) = tensors.iter().find(|t| !held.contains(**t)) {
+            return Err(bad(format!(
+                "maps tensor {missing:?} to {shard}, which lacks it"
+            )));
+        }
+    }
+    Ok(by_shard.into_keys().collect())
+}
+
+fn read_text(path: &Path) -> Result<String, ImportError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| ImportError::source(path, format!("cannot read: {e}")))?;
+    String::from_utf8(bytes).map_err(|_| ImportError::source(path, "is not UTF-8 text"))
+}
+
+/// A config file as the header's structured config.
+fn parse_config(path: &Path, text: &str) -> Result<Config, ImportError> {
+    match json::to_value(
+        &json::parse(text.as_bytes()).map_err(|e| ImportError::source(path, e.to_string()))?,
+    ) {
+        Value::Map(entries) => Ok(entries.into_iter().collect()),
+        _ => Err(ImportError::source(path, "is not a JSON object")),
+    }
+}
+
+/// A component's class from its config (spec §4): Transformers' `architectures[0]`, Diffusers'
+/// `_class_name`, a tokenizer config's `tokenizer_class`; else the unknown class.
+fn config_class(file: &str, config: &Config) -> ClassRef {
+    let text = |key: &str| config.get(key).and_then(Value::as_text);
+    let first = match config.get("architectures") {
+        Some(Value::Array(a)) => a.first().and_then(Value::as_text),
+        _ => None,
+    };
+    let (library, name) = match (first, text("_class_name"), text("tokenizer_class")) {
+        (Some(c), _, _) => ("transformers", c),
+        (_, Some(c), _) => ("diffusers", c),
+        (_, _, Some(c)) if file == "tokenizer_config.json" => ("transformers", c),
+        _ => return ClassRef::default(),
+    };
+    ClassRef {
+        library: library.into(),
+        version: String::new(),
+        name: name.into(),
+    }
+}
+
+/// Fills each class's library and version (spec §4): a `model_index.json` library that is a
+/// dotted module path is its top-level package, and an undotted one other than `diffusers`,
+/// `transformers` or a library some config records is a Diffusers pipeline module, so
+/// `diffusers`. The version is the component's own config's record for its library, else one
+/// another config of the model records, else `""`.
+fn resolve_versions(model: &mut LaneModel) {
+    let recorded = |config: &Config| -> Vec<(String, String)> {
+        config
+            .iter()
+            .filter_map(|(k, v)| {
+                let library = k.strip_suffix("_version")?;
+                let library = library.strip_prefix('_').unwrap_or(library);
+                let version = v.as_text()?;
+                (!library.is_empty() && !version.is_empty())
+                    .then(|| (library.to_owned(), version.to_owned()))
+            })
+            .collect()
+    };
+    let mut versions: BTreeMap<String, String> = BTreeMap::new();
+    let configs = model
+        .pipeline
+        .iter()
+        .map(|p| &p.config)
+        .chain(model.components.iter().map(|c| &c.config));
+    for (library, version) in configs.flat_map(|c| recorded(c)) {
+        versions.entry(library).or_insert(version);
+    }
+    let from_index = model.pipeline.is_some();
+    let classes = model
+        .pipeline
+        .iter_mut()
+        .map(|p| (&mut p.class, p.config.clone()))
+        .chain(
+            model
+                .components
+                .iter_mut()
+                .map(|c| (&mut c.class, c.config.clone())),
+        );
+    for (class, config) in classes {
+        if class.library.is_empty() {
+            continue;
+        }
+        let installed = matches!(class.library.as_str(), "diffusers" | "transformers")
+            || versions.contains_key(&class.library);
+        if from_index {
+            if let Some((package, _)) = class.library.split_once('.') {
+                class.library = package.to_owned();
+            } else if !installed {
+                class.library = "diffusers".into();
+            }
+        }
+        let own = recorded(&config)
+            .into_iter()
+            .find(|(l, _)| *l == class.library)
+            .map(|(_, v)| v);
+        class.version = own
+            .or_else(|| versions.get(&class.library).cloned())
+            .unwrap_or_default();
+    }
+}
+
+/// The default lane's label: the dtype holding the most bytes, lowercase (`f32`, `bf16`);
+/// `files` for a source without tensors.
+fn main_dtype(model: &LaneModel) -> String {
+    let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for t in model.components.iter().flat_map(|c| &c.tensors) {
+        *bytes
+            .entry(t.dtype.name().to_ascii_lowercase())
+            .or_default() += t.length;
+    }
+    bytes
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map_or_else(|| "files".into(), |(name, _)| name)
+}
+
+/// A variant name as a lane label: characters outside the label alphabet become `-`.
+fn lane_label(variant: &str) -> String {
+    let mut label: String = variant
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._+!-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if !label.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        label.insert(0, 'v');
+    }
+    label.truncate(64);
+    debug_assert!(is_label(&label));
+    label
+}

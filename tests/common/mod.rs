@@ -1,0 +1,174 @@
+//! Helpers shared by integration tests: building safetensors files and model folders,
+//! running the binary, and snapshotting a store.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `tensorfs` binary under test.
+pub fn tensorfs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+}
+
+/// Runs `tensorfs --store <store> <args>`.
+pub fn run(store: &Path, args: &[&str]) -> Output {
+    tensorfs()
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// Runs and asserts success, returning stdout.
+pub fn ok(store: &Path, args: &[&str]) -> String {
+    let out = run(store, args);
+    assert!(
+        out.status.success(),
+        "tensorfs {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+/// Runs and asserts failure, returning stderr.
+pub fn fails(store: &Path, args: &[&str]) -> String {
+    let out = run(store, args);
+    assert!(
+        !out.status.success(),
+        "tensorfs {args:?} succeeded but should fail"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !stderr.contains("panicked"),
+        "tensorfs {args:?} panicked:\n{stderr}"
+    );
+    stderr
+}
+
+/// A safetensors file from raw header JSON text and a data buffer.
+pub fn raw_safetensors(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// A tensor to write with the safetensors library: name, dtype, shape, bytes.
+pub struct T<'a>(
+    pub &'a str,
+    pub safetensors::Dtype,
+    pub Vec<usize>,
+    pub Vec<u8>,
+);
+
+/// A safetensors file written by the safetensors crate (the producers' writer).
+pub fn safetensors_file(tensors: &[T], metadata: Option<&[(&str, &str)]>) -> Vec<u8> {
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|T(name, dtype, shape, data)| {
+            (
+                name.to_string(),
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data)
+                    .expect("a valid view"),
+            )
+        })
+        .collect();
+    let metadata = metadata.map(|m| {
+        m.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    });
+    safetensors::serialize(views, metadata).expect("serializes")
+}
+
+/// Deterministic bytes.
+pub fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Writes `files` (relative path → bytes) under `root`.
+pub fn write_tree(root: &Path, files: &[(&str, Vec<u8>)]) {
+    for (path, data) in files {
+        let dest = root.join(path);
+        fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        fs::write(dest, data).unwrap();
+    }
+}
+
+/// Every file under `root` with its bytes (the whole state of a store).
+pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.insert(p.strip_prefix(root).unwrap().join(""), Vec::new());
+                walk(&p, root, out);
+            } else {
+                out.insert(
+                    p.strip_prefix(root).unwrap().to_path_buf(),
+                    fs::read(&p).unwrap(),
+                );
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Every file under `root`, relative path → bytes (folders left out).
+pub fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    snapshot(root)
+        .into_iter()
+        .filter(|(p, _)| root.join(p).is_file())
+        .map(|(p, b)| (p.to_string_lossy().into_owned(), b))
+        .collect()
+}
+
+/// A small Transformers folder: config, tokenizer files, README, and `model.safetensors`.
+pub fn transformers_folder(root: &Path) {
+    use safetensors::Dtype::*;
+    let weights = safetensors_file(
+        &[
+            T(
+                "embeddings.word_embeddings.weight",
+                F32,
+                vec![16, 8],
+                bytes(512, 1),
+            ),
+            T(
+                "encoder.layer.0.attention.self.query.weight",
+                F32,
+                vec![8, 8],
+                bytes(256, 2),
+            ),
+            T(
+                "encoder.layer.0.attention.self.query.bias",
+                F32,
+                vec![8],
+                bytes(32, 3),
+            ),
+            T("embeddings.position_ids", I64, vec![1, 4], bytes(32, 4)),
+        ],
+        Some(&[("format", "pt")]),
+    );
+    write_tree(
+        root,
+        &[
+            ("config.json", b"{\n  \"architectures\": [\"BertModel\"],\n  \"hidden_size\": 8,\n  \"layer_norm_eps\": 1e-12,\n  \"transformers_version\": \"4.8.2\"\n}\n".to_vec()),
+            ("tokenizer.json", b"{\"version\": \"1.0\"}".to_vec()),
+            ("vocab.txt", b"[PAD]\n[UNK]\nhello\n".to_vec()),
+            ("README.md", b"# tiny\n".to_vec()),
+            ("1_Pooling/config.json", b"{\"pooling_mode_mean_tokens\": true}".to_vec()),
+            ("model.safetensors", weights),
+        ],
+    );
+}

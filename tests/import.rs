@@ -1,0 +1,550 @@
+//! Import through the binary: byte-exact round trips, lanes, and every refusal of bad input,
+//! which must name the file and leave the store exactly as it was.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::Path;
+
+/// A store that already holds one model, so a failed import has something to disturb.
+fn seeded_store(dir: &Path) -> std::path::PathBuf {
+    let store = dir.join("store");
+    let model = dir.join("seed");
+    transformers_folder(&model);
+    ok(
+        &store,
+        &["import", model.to_str().unwrap(), "--name", "local/seed"],
+    );
+    store
+}
+
+/// Imports `files` as a folder and asserts the import fails naming `file` and `problem`,
+/// leaving the store untouched.
+fn refused(files: &[(&str, Vec<u8>)], file: &str, problem: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded_store(dir.path());
+    let before = snapshot(&store);
+    let src = dir.path().join("src");
+    write_tree(&src, files);
+    let err = fails(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/bad"],
+    );
+    assert!(err.contains(file), "the error names {file:?}: {err}");
+    assert!(
+        err.to_lowercase().contains(&problem.to_lowercase()),
+        "the error says {problem:?}: {err}"
+    );
+    assert_eq!(
+        snapshot(&store),
+        before,
+        "the store changed after a refused import: {err}"
+    );
+}
+
+fn export(store: &Path, reference: &str, lane: Option<&str>, dir: &Path) {
+    let mut args = vec!["export", reference, dir.to_str().unwrap()];
+    if let Some(lane) = lane {
+        args.extend(["--lane", lane]);
+    }
+    ok(store, &args);
+}
+
+#[test]
+fn a_transformers_folder_exports_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    let store = dir.path().join("store");
+    ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
+    );
+    let out = dir.path().join("out");
+    export(&store, "local/tiny", None, &out);
+    assert_eq!(files_of(&out), files_of(&src));
+}
+
+#[test]
+fn the_same_bytes_from_another_path_give_the_same_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("elsewhere/b"));
+    transformers_folder(&a);
+    transformers_folder(&b);
+    let store = dir.path().join("store");
+    let first = ok(
+        &store,
+        &["import", a.to_str().unwrap(), "--name", "local/a", "--json"],
+    );
+    let second = ok(
+        &store,
+        &["import", b.to_str().unwrap(), "--name", "local/b", "--json"],
+    );
+    let ids = |text: &str| {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        (
+            v["lanes"][0]["commit"].clone(),
+            v["lanes"][0]["header"].clone(),
+        )
+    };
+    assert_eq!(ids(&first), ids(&second));
+}
+
+#[test]
+fn identical_tensors_are_stored_once_across_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let big = bytes(20 << 20, 7);
+    let file = |extra: u8| {
+        safetensors_file(
+            &[
+                T(
+                    "big.weight",
+                    safetensors::Dtype::U8,
+                    vec![20 << 20],
+                    big.clone(),
+                ),
+                T(
+                    "small.weight",
+                    safetensors::Dtype::U8,
+                    vec![4],
+                    vec![extra; 4],
+                ),
+            ],
+            None,
+        )
+    };
+    let (a, b) = (
+        dir.path().join("a.safetensors"),
+        dir.path().join("b.safetensors"),
+    );
+    fs::write(&a, file(1)).unwrap();
+    fs::write(&b, file(2)).unwrap();
+    ok(
+        &store,
+        &["import", a.to_str().unwrap(), "--name", "local/a"],
+    );
+    let size = |p: &Path| -> u64 { walk_size(&p.join("blobs")) };
+    let after_a = size(&store);
+    ok(
+        &store,
+        &["import", b.to_str().unwrap(), "--name", "local/b"],
+    );
+    let grown = size(&store) - after_a;
+    assert!(
+        grown < 1 << 20,
+        "the second model added {grown} bytes; its 20 MiB tensor is the first's"
+    );
+}
+
+fn walk_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        total += if p.is_dir() {
+            walk_size(&p)
+        } else {
+            p.metadata().unwrap().len()
+        };
+    }
+    total
+}
+
+#[test]
+fn legal_edge_cases_round_trip_exactly() {
+    use safetensors::Dtype::*;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "edges.safetensors",
+            safetensors_file(
+                &[
+                    T("empty", F32, vec![0, 3], vec![]),
+                    T("also_empty", BF16, vec![4, 0], vec![]),
+                    T("scalar", F32, vec![], bytes(4, 1)),
+                    T("mask", BOOL, vec![3], vec![0, 1, 1]),
+                    T("e4m3", F8_E4M3, vec![5], bytes(5, 2)),
+                    T("e5m2", F8_E5M2, vec![2, 2], bytes(4, 3)),
+                    T("e8m0", F8_E8M0, vec![3], bytes(3, 4)),
+                ],
+                Some(&[]),
+            ),
+        ),
+        ("odd_header.safetensors", raw_safetensors("{\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},  \"a\":{\"shape\":[1],\"dtype\":\"U8\",\"data_offsets\":[2,3]},\"__metadata__\":{\"z\":\"1\",\"a\":\"2\"}}   ", &[1, 2, 3])),
+    ];
+    for (name, data) in &cases {
+        let src = dir.path().join(name);
+        fs::write(&src, data).unwrap();
+        let repo = format!(
+            "local/{}",
+            name.trim_end_matches(".safetensors").replace('_', "-")
+        );
+        ok(&store, &["import", src.to_str().unwrap(), "--name", &repo]);
+        let out = dir.path().join(format!("out-{name}"));
+        export(&store, &repo, None, &out);
+        assert_eq!(
+            fs::read(out.join(name)).unwrap(),
+            *data,
+            "{name} round-trips byte for byte"
+        );
+    }
+}
+
+fn tensor_header(extra: &str) -> String {
+    format!("{{\"w\":{{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}{extra}}}")
+}
+
+#[test]
+fn a_truncated_file_is_refused() {
+    let mut file = safetensors_file(
+        &[T("w", safetensors::Dtype::F32, vec![4], bytes(16, 1))],
+        None,
+    );
+    file.truncate(file.len() - 3);
+    refused(
+        &[("model.safetensors", file)],
+        "model.safetensors",
+        "past the end of the data",
+    );
+}
+
+#[test]
+fn a_header_length_past_the_end_is_refused() {
+    let mut file = raw_safetensors(&tensor_header(""), &bytes(8, 1));
+    file[..8].copy_from_slice(&(10_000u64).to_le_bytes());
+    refused(
+        &[("model.safetensors", file)],
+        "model.safetensors",
+        "past the end of",
+    );
+}
+
+#[test]
+fn a_header_over_100_mb_is_refused() {
+    let mut file = raw_safetensors(&tensor_header(""), &bytes(8, 1));
+    file[..8].copy_from_slice(&(100_000_001u64).to_le_bytes());
+    refused(
+        &[("model.safetensors", file)],
+        "model.safetensors",
+        "100000000-byte limit",
+    );
+}
+
+#[test]
+fn offsets_that_disagree_with_dtype_and_shape_are_refused() {
+    let header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}";
+    refused(
+        &[("model.safetensors", raw_safetensors(header, &bytes(8, 1)))],
+        "model.safetensors",
+        "\"w\"",
+    );
+}
+
+#[test]
+fn overlapping_ranges_are_refused() {
+    let header = "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}";
+    refused(
+        &[("model.safetensors", raw_safetensors(header, &bytes(6, 1)))],
+        "model.safetensors",
+        "overlaps",
+    );
+}
+
+#[test]
+fn holes_between_ranges_are_refused() {
+    let header = "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[6,8]}}";
+    refused(
+        &[("model.safetensors", raw_safetensors(header, &bytes(8, 1)))],
+        "model.safetensors",
+        "hole",
+    );
+}
+
+#[test]
+fn bytes_after_the_last_tensor_are_refused() {
+    refused(
+        &[(
+            "model.safetensors",
+            raw_safetensors(&tensor_header(""), &bytes(9, 1)),
+        )],
+        "model.safetensors",
+        "follow the last tensor",
+    );
+}
+
+#[test]
+fn metadata_with_a_non_string_value_is_refused() {
+    let header = tensor_header(",\"__metadata__\":{\"format\":\"pt\",\"step\":3}");
+    refused(
+        &[("model.safetensors", raw_safetensors(&header, &bytes(8, 1)))],
+        "model.safetensors",
+        "__metadata__",
+    );
+}
+
+#[test]
+fn a_tensor_named_metadata_is_refused() {
+    let header = "{\"__metadata__\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    refused(
+        &[("model.safetensors", raw_safetensors(header, &bytes(8, 1)))],
+        "model.safetensors",
+        "__metadata__",
+    );
+}
+
+#[test]
+fn repeated_json_keys_are_refused() {
+    let header = tensor_header(",\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}");
+    refused(
+        &[("model.safetensors", raw_safetensors(&header, &bytes(8, 1)))],
+        "model.safetensors",
+        "\"w\"",
+    );
+}
+
+#[test]
+fn an_unknown_dtype_is_refused() {
+    let header = "{\"w\":{\"dtype\":\"F12\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    refused(
+        &[("model.safetensors", raw_safetensors(header, &bytes(8, 1)))],
+        "model.safetensors",
+        "F12",
+    );
+}
+
+fn shard(name: &str, seed: u8) -> Vec<u8> {
+    safetensors_file(
+        &[T(name, safetensors::Dtype::U8, vec![4], bytes(4, seed))],
+        None,
+    )
+}
+
+#[test]
+fn an_index_naming_a_missing_shard_is_refused() {
+    let index = br#"{"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#;
+    refused(
+        &[
+            ("model.safetensors.index.json", index.to_vec()),
+            ("model-00001-of-00002.safetensors", shard("a", 1)),
+        ],
+        "model.safetensors.index.json",
+        "model-00002-of-00002.safetensors",
+    );
+}
+
+#[test]
+fn an_index_naming_a_tensor_its_shard_lacks_is_refused() {
+    let index = br#"{"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}}"#;
+    refused(
+        &[
+            ("model.safetensors.index.json", index.to_vec()),
+            ("model-00001-of-00002.safetensors", shard("a", 1)),
+            ("model-00002-of-00002.safetensors", shard("b", 2)),
+        ],
+        "model.safetensors.index.json",
+        "\"c\"",
+    );
+}
+
+#[test]
+fn an_index_naming_a_shard_outside_the_folder_is_refused() {
+    let index = br#"{"metadata":{},"weight_map":{"a":"../../etc/passwd"}}"#;
+    refused(
+        &[
+            ("model.safetensors.index.json", index.to_vec()),
+            ("model.safetensors", shard("a", 1)),
+        ],
+        "model.safetensors.index.json",
+        "../../etc/passwd",
+    );
+}
+
+#[test]
+fn tensor_names_with_nul_or_control_characters_are_refused() {
+    for name in ["a\\u0000b", "line\\nbreak", "bell\\u0007"] {
+        let header =
+            format!("{{\"{name}\":{{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}}}");
+        refused(
+            &[("model.safetensors", raw_safetensors(&header, &[1]))],
+            "model.safetensors",
+            "control characters",
+        );
+    }
+}
+
+#[test]
+fn a_component_name_that_escapes_the_folder_is_refused() {
+    let index = br#"{"_class_name":"StableDiffusionPipeline","_diffusers_version":"0.30.0","../evil":["diffusers","UNet2DConditionModel"]}"#;
+    refused(
+        &[("model_index.json", index.to_vec())],
+        "model_index.json",
+        "../evil",
+    );
+}
+
+#[test]
+fn file_names_with_control_characters_are_refused() {
+    refused(
+        &[
+            ("model.safetensors", shard("a", 1)),
+            ("bad\nname.txt", b"x".to_vec()),
+        ],
+        "bad\nname.txt",
+        "control",
+    );
+}
+
+#[test]
+fn repo_names_that_are_not_local_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded_store(dir.path());
+    let before = snapshot(&store);
+    let src = dir.path().join("m.safetensors");
+    fs::write(&src, shard("a", 1)).unwrap();
+    for name in [
+        "local/../x",
+        "local/a/b",
+        "other/x",
+        "local/.hidden",
+        "local/a b",
+        "local/",
+    ] {
+        let err = fails(&store, &["import", src.to_str().unwrap(), "--name", name]);
+        assert!(err.contains("name"), "{name:?}: {err}");
+    }
+    assert_eq!(snapshot(&store), before);
+}
+
+/// A small Diffusers folder: a sharded text encoder, a UNet with an fp16 variant, a scheduler
+/// and a tokenizer.
+fn diffusers_folder(root: &Path) {
+    use safetensors::Dtype::*;
+    let index = br#"{
+  "metadata": {
+    "total_size": 48
+  },
+  "weight_map": {
+    "encoder.a": "model-00001-of-00002.safetensors",
+    "encoder.b": "model-00002-of-00002.safetensors"
+  }
+}
+"#;
+    write_tree(
+        root,
+        &[
+            ("model_index.json", br#"{"_class_name": "StableDiffusionPipeline", "_diffusers_version": "0.30.0", "scheduler": ["diffusers", "DDIMScheduler"], "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"], "unet": ["diffusers", "UNet2DConditionModel"], "safety_checker": [null, null]}"#.to_vec()),
+            ("scheduler/scheduler_config.json", br#"{"_class_name": "DDIMScheduler", "beta_end": 0.012}"#.to_vec()),
+            ("text_encoder/config.json", br#"{"architectures": ["CLIPTextModel"], "transformers_version": "4.44.0"}"#.to_vec()),
+            ("text_encoder/model.safetensors.index.json", index.to_vec()),
+            ("text_encoder/model-00001-of-00002.safetensors", safetensors_file(&[T("encoder.a", F32, vec![4], bytes(16, 1))], Some(&[("format", "pt")]))),
+            ("text_encoder/model-00002-of-00002.safetensors", safetensors_file(&[T("encoder.b", F32, vec![8], bytes(32, 2))], Some(&[("format", "pt")]))),
+            ("tokenizer/tokenizer_config.json", br#"{"tokenizer_class": "CLIPTokenizer"}"#.to_vec()),
+            ("tokenizer/vocab.json", br#"{"a": 0}"#.to_vec()),
+            ("tokenizer/merges.txt", b"#version: 0.2\n".to_vec()),
+            ("unet/config.json", br#"{"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.30.0"}"#.to_vec()),
+            ("unet/diffusion_pytorch_model.safetensors", safetensors_file(&[T("conv_in.weight", F32, vec![2, 2], bytes(16, 3)), T("down_blocks.0.w", F32, vec![3], bytes(12, 4))], None)),
+            ("unet/diffusion_pytorch_model.fp16.safetensors", safetensors_file(&[T("conv_in.weight", F16, vec![2, 2], bytes(8, 5)), T("down_blocks.0.w", F16, vec![3], bytes(6, 6))], None)),
+            ("README.md", b"tiny pipeline\n".to_vec()),
+        ],
+    );
+}
+
+#[test]
+fn a_diffusers_folder_imports_as_one_lane_per_variant() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    diffusers_folder(&src);
+    let store = dir.path().join("store");
+    let report = ok(
+        &store,
+        &[
+            "import",
+            src.to_str().unwrap(),
+            "--name",
+            "local/pipe",
+            "--json",
+        ],
+    );
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let lanes: Vec<&str> = report["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["lane"].as_str().unwrap())
+        .collect();
+    assert_eq!(lanes, ["f32", "fp16"]);
+
+    let source = files_of(&src);
+    let default = dir.path().join("f32");
+    export(&store, "local/pipe", Some("f32"), &default);
+    let mut expected = source.clone();
+    expected.remove("unet/diffusion_pytorch_model.fp16.safetensors");
+    assert_eq!(files_of(&default), expected);
+
+    let fp16 = dir.path().join("fp16");
+    export(&store, "local/pipe", Some("fp16"), &fp16);
+    let mut expected = source;
+    expected.remove("unet/diffusion_pytorch_model.safetensors");
+    assert_eq!(
+        files_of(&fp16),
+        expected,
+        "the fp16 lane falls back to default files where a component has no fp16 weights"
+    );
+}
+
+#[test]
+fn a_process_killed_mid_import_leaves_a_store_the_next_import_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let src = dir.path().join("big.safetensors");
+    let tensors: Vec<T> = (0..12)
+        .map(|i| {
+            T(
+                Box::leak(format!("layer.{i}.weight").into_boxed_str()),
+                safetensors::Dtype::U8,
+                vec![24 << 20],
+                bytes(24 << 20, i as u8),
+            )
+        })
+        .collect();
+    fs::write(&src, safetensors_file(&tensors, None)).unwrap();
+    for delay_ms in [50, 200, 600] {
+        let mut child = tensorfs()
+            .args([
+                "--store",
+                store.to_str().unwrap(),
+                "import",
+                src.to_str().unwrap(),
+                "--name",
+                "local/big",
+            ])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/big"],
+    );
+    ok(&store, &["verify"]);
+    let out = dir.path().join("out");
+    export(&store, "local/big", None, &out);
+    assert_eq!(
+        fs::read(out.join("big.safetensors")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    let leftovers: Vec<_> = fs::read_dir(store.join("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| !n.to_string_lossy().ends_with(".lock"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temp files of killed imports were reaped: {leftovers:?}"
+    );
+}
