@@ -121,7 +121,7 @@ impl Dtype {
                 ))
             })?;
         }
-        if total % 8 != 0 {
+        if !total.is_multiple_of(8) {
             return Err(FormatError::Invalid(format!(
                 "{} {shape:?}: {total} bits is not a whole number of bytes",
                 self.name()

@@ -342,6 +342,7 @@ impl Header {
                 }
             }
             keys.clear();
+            keys.reserve(c.tensors.len());
             for t in &c.tensors {
                 if t.key.is_empty() {
                     return Err(invalid4(at, format_args!("a tensor key is empty")));
@@ -393,12 +394,19 @@ impl Header {
                                 format_args!("an encoded tensor has no parts"),
                             ));
                         }
+                        // Parts are few: a scan beats hashing until a hostile count.
+                        let hashed = parts.len() > SCAN_ROLES;
                         roles.clear();
-                        for part in parts {
+                        for (i, part) in parts.iter().enumerate() {
                             if part.role.is_empty() {
                                 return Err(invalid4(at, format_args!("a part role is empty")));
                             }
-                            if !roles.insert(part.role.as_str()) {
+                            let repeated = if hashed {
+                                !roles.insert(part.role.as_str())
+                            } else {
+                                parts[..i].iter().any(|p| p.role == part.role)
+                            };
+                            if repeated {
                                 return Err(invalid4(
                                     at,
                                     format_args!("part role {:?} is repeated", part.role),
@@ -495,14 +503,18 @@ const DEFAULT_CONFIG: &str = "config.json";
 /// Offsets of located bytes are multiples of this (spec §4).
 const ALIGN: u64 = 4096;
 
+/// Up to this many parts, roles are checked for repeats by a scan.
+const SCAN_ROLES: usize = 16;
+
 /// Elements of the root; a root of one fewer is the pre-cut layout (spec §4, CDDL).
 const ROOT_FIELDS: u64 = 6;
 
-/// The smallest encodings of records, to reserve no more than the input can hold.
+/// Lower bounds on the encoded size of records, so that an announced count reserves no more
+/// than the bytes left could hold.
 const MIN_OBJECT_BYTES: usize = 36;
-const MIN_TENSOR_BYTES: usize = 12;
-const MIN_COMPONENT_BYTES: usize = 14;
-const MIN_PART_BYTES: usize = 10;
+const MIN_TENSOR_BYTES: usize = 10;
+const MIN_COMPONENT_BYTES: usize = 9;
+const MIN_PART_BYTES: usize = 9;
 
 /// Refuses a format tag of another kind or major (spec §2): `cozytensors/1` or
 /// `cozytensors/1.<digits>`.

@@ -759,7 +759,7 @@ fn shortest_digits(value: f64) -> (String, i32) {
 ///
 /// # Errors
 /// [`FormatError::Invalid`] naming the first such value's path.
-pub fn check_document_values(json: &Json) -> FormatResult<()> {
+pub(crate) fn check_document_values(json: &Json) -> FormatResult<()> {
     fn walk(json: &Json, path: &mut Vec<String>) -> Result<(), String> {
         match json {
             Json::Null => Err("null".into()),

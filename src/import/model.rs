@@ -552,7 +552,7 @@ fn resolve_versions(model: &mut LaneModel) {
         .iter()
         .map(|p| &p.config)
         .chain(model.components.iter().map(|c| &c.config));
-    for (library, version) in configs.flat_map(|c| recorded(c)) {
+    for (library, version) in configs.flat_map(&recorded) {
         versions.entry(library).or_insert(version);
     }
     let from_index = model.pipeline.is_some();

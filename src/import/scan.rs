@@ -183,6 +183,16 @@ fn strip_shard(base: &str) -> Option<&str> {
     (numeric(total) && numeric(index)).then_some(stem)
 }
 
+/// Every weights variant named in `files`.
+pub(crate) fn variants(files: &BTreeMap<String, PathBuf>) -> BTreeSet<String> {
+    files
+        .keys()
+        .filter_map(|p| match weights(p.rsplit('/').next().unwrap_or(p))? {
+            Weights::File { variant } | Weights::Index { variant } => variant,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,14 +227,4 @@ mod tests {
         );
         assert_eq!(weights("config.json"), None);
     }
-}
-
-/// Every weights variant named in `files`.
-pub(crate) fn variants(files: &BTreeMap<String, PathBuf>) -> BTreeSet<String> {
-    files
-        .keys()
-        .filter_map(|p| match weights(p.rsplit('/').next().unwrap_or(p))? {
-            Weights::File { variant } | Weights::Index { variant } => variant,
-        })
-        .collect()
 }

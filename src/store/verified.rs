@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::fs::{self, Metadata, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -46,25 +46,49 @@ impl Stamp {
     }
 }
 
-/// The ledger of one store, loaded into memory.
+/// The ledger of one store, loaded into memory; lines other processes append later are read
+/// when a blob is not found.
 #[derive(Debug)]
 pub struct Ledger {
     path: PathBuf,
-    stamps: Mutex<HashMap<Sha256, Stamp>>,
+    stamps: Mutex<Stamps>,
+}
+
+#[derive(Debug, Default)]
+struct Stamps {
+    by_digest: HashMap<Sha256, Stamp>,
+    /// Bytes of the file already read.
+    read: u64,
+}
+
+impl Stamps {
+    /// Reads lines appended since the last call.
+    fn catch_up(&mut self, path: &PathBuf) {
+        let Ok(mut file) = fs::File::open(path) else { return };
+        if file.seek(SeekFrom::Start(self.read)).is_err() {
+            return;
+        }
+        let mut text = String::new();
+        if file.read_to_string(&mut text).is_err() {
+            return;
+        }
+        // Only whole lines: a writer may be mid-append.
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        for line in text[..whole].lines() {
+            if let Some((digest, stamp)) = parse_line(line) {
+                self.by_digest.insert(digest, stamp);
+            }
+        }
+        self.read += whole as u64;
+    }
 }
 
 impl Ledger {
     /// Loads `<root>/verified` (empty when absent or unreadable).
     pub fn load(store: &Store) -> Ledger {
         let path = store.root().join("verified");
-        let mut stamps = HashMap::new();
-        if let Ok(text) = fs::read_to_string(&path) {
-            for line in text.lines() {
-                if let Some((digest, stamp)) = parse_line(line) {
-                    stamps.insert(digest, stamp);
-                }
-            }
-        }
+        let mut stamps = Stamps::default();
+        stamps.catch_up(&path);
         Ledger {
             path,
             stamps: Mutex::new(stamps),
@@ -73,9 +97,15 @@ impl Ledger {
 
     /// Whether `object`'s blob, with metadata `meta`, is the one that was verified.
     pub fn proves(&self, object: &ObjectRef, meta: &Metadata) -> bool {
-        let stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
         let now = Stamp::of(meta);
-        now.length == object.length && stamps.get(&object.sha256) == Some(&now)
+        if now.length != object.length {
+            return false;
+        }
+        if stamps.by_digest.get(&object.sha256) != Some(&now) {
+            stamps.catch_up(&self.path);
+        }
+        stamps.by_digest.get(&object.sha256) == Some(&now)
     }
 
     /// Notes that `object`'s blob, with metadata `meta`, was just verified.
@@ -86,6 +116,7 @@ impl Ledger {
         self.stamps
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .by_digest
             .insert(object.sha256, Stamp::of(meta));
         append_lines(&self.path, &[(*object, meta.clone())])
     }
@@ -145,6 +176,15 @@ mod tests {
         fs::write(&path, b"jello").unwrap();
         let reloaded = Ledger::load(&store);
         assert!(!reloaded.proves(&object, &fs::metadata(&path).unwrap()));
+    }
+
+    #[test]
+    fn blobs_admitted_after_loading_are_proven_from_appended_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("s")).unwrap();
+        let ledger = Ledger::load(&store);
+        let object = store.put_bytes(b"later").unwrap();
+        assert!(ledger.proves(&object, &fs::metadata(store.object_path(&object)).unwrap()));
     }
 
     #[test]
