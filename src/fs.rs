@@ -13,7 +13,8 @@
 //!   hex) resolves to lane folders.
 //! - [`inodes`]: the inode table; numbers are stable for the mount's lifetime.
 //! - [`lanes`]: lane views indexed as folders, cached per commit in a bounded LRU.
-//! - [`ops`]: [`TensorFs`], the operations (lookup, getattr, readdir, open, read, xattrs, …).
+//! - `ops`: [`TensorFs`], the operations (lookup, getattr, readdir, open, read, xattrs, …);
+//!   `resolve`: its refs snapshot, lane labels, lane views and rate-limited error logs.
 //!
 //! Data flow of a read: the kernel's `open` of a lane file becomes [`TensorFs::open`], which
 //! takes the file's [`Content`](crate::layout::Content) from the commit's cached view into a
@@ -33,13 +34,14 @@ pub mod inodes;
 pub mod lanes;
 pub mod namespace;
 mod ops;
+mod resolve;
 #[cfg(test)]
 mod tests;
 
 use std::io;
 use std::time::{Duration, SystemTime};
 
-pub use catalog::{Catalog, CommitLane, LaneContents, RepoEntry, StoreCatalog};
+pub use catalog::{Capacity, Catalog, CommitLane, LaneContents, RepoEntry, StoreCatalog};
 pub use ops::TensorFs;
 
 use crate::layout::LayoutError;
@@ -172,6 +174,10 @@ pub enum FsError {
     /// An ioctl command; none is supported.
     #[error("ioctl {0:#x} is not supported")]
     NoIoctl(u32),
+    /// An operation the mount does not implement; the kernel then falls back to its own
+    /// (`lseek` with `SEEK_DATA`, `poll`).
+    #[error("{0} is not implemented")]
+    Unsupported(&'static str),
 }
 
 /// Result of the `fs` layer.
@@ -190,6 +196,7 @@ impl FsError {
             FsError::NoAttribute(_) => libc::ENODATA,
             FsError::Range { .. } => libc::ERANGE,
             FsError::NoIoctl(_) => libc::ENOTTY,
+            FsError::Unsupported(_) => libc::ENOSYS,
         }
     }
 }
@@ -266,11 +273,16 @@ pub enum XattrReply {
     Data(Vec<u8>),
 }
 
-/// Totals `statfs` reports.
+/// Totals `statfs` reports: the sizes of the store's filesystem, so `df` on the mount shows
+/// how much room the store has left for imports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FsStats {
     /// Blocks of `fragment_size` bytes on the store's filesystem.
     pub blocks: u64,
+    /// Free blocks on the store's filesystem.
+    pub free_blocks: u64,
+    /// Free blocks unprivileged users may use.
+    pub available_blocks: u64,
     /// Inodes given out so far.
     pub files: u64,
     /// Preferred I/O size in bytes.

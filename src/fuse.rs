@@ -1,10 +1,11 @@
 //! The FUSE adapter: [`FuseAdapter`] implements `fuser::Filesystem` by calling
-//! [`TensorFs`](crate::fs::TensorFs), converting its answers to `fuser` types and replying.
-//! Nothing here decides what the mount shows; errors become errnos through
-//! [`FsError::errno`](crate::fs::FsError::errno) in one helper, [`fail`].
+//! [`crate::fs::TensorFs`], converting its answers to `fuser` types and replying. Nothing here
+//! decides what the mount shows; errors become errnos through
+//! [`FsError::errno`](crate::fs::FsError::errno) in one helper, `fail`.
 //!
 //! [`session`] mounts, serves, handles signals and unmounts.
 
+mod mountinfo;
 pub mod session;
 
 use std::cell::RefCell;
@@ -18,7 +19,8 @@ use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 pub use session::{mount, spawn, unmount, MountConfig, MountError, MountHandle};
@@ -64,7 +66,9 @@ error_reply!(
     ReplyEmpty,
     ReplyEntry,
     ReplyIoctl,
+    ReplyLseek,
     ReplyOpen,
+    ReplyPoll,
     ReplyStatfs,
     ReplyWrite,
     ReplyXattr,
@@ -80,6 +84,12 @@ fn fail(reply: impl ErrorReply, op: &'static str, err: FsError) {
 /// Answers a write attempt; the mount is read-only.
 fn read_only(reply: impl ErrorReply, op: &'static str) {
     fail(reply, op, FsError::ReadOnly);
+}
+
+/// Answers an operation the mount leaves to the kernel (ENOSYS, which the kernel remembers),
+/// without `fuser`'s "not implemented" warning.
+fn unsupported(reply: impl ErrorReply, op: &'static str) {
+    fail(reply, op, FsError::Unsupported(op));
 }
 
 fn file_attr(attr: &Attr) -> FileAttr {
@@ -266,8 +276,8 @@ impl Filesystem for FuseAdapter {
         let s = self.fs.statfs();
         reply.statfs(
             s.blocks,
-            0,
-            0,
+            s.free_blocks,
+            s.available_blocks,
             s.files,
             0,
             s.block_size,
@@ -322,6 +332,66 @@ impl Filesystem for FuseAdapter {
             Ok(()) => reply.ok(),
             Err(err) => fail(reply, "access", err),
         }
+    }
+
+    // Nothing is ever dirty: flushing and syncing succeed at once.
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        unsupported(reply, "lseek");
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: fuser::PollNotifier,
+        _events: fuser::PollEvents,
+        _flags: fuser::PollFlags,
+        reply: ReplyPoll,
+    ) {
+        unsupported(reply, "poll");
     }
 
     // Every write gets EROFS (the `ro` mount flag stops most before they reach us).

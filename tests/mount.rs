@@ -62,6 +62,16 @@ fn every_level_lists_and_every_alias_reads_the_same_files() {
     );
     let m = mount(&store);
 
+    assert_eq!(
+        read_ahead_kb(&m.root),
+        1024,
+        "1 MiB readahead for 1 MiB reads"
+    );
+    assert_eq!(
+        statvfs(&m.root),
+        statvfs(store.root()),
+        "df shows the store's filesystem"
+    );
     assert_eq!(list(&m.root), ["local"]);
     assert_eq!(list(&m.path("local")), ["x"]);
     let mut revisions = vec!["1.0".to_owned(), "2.0".to_owned(), "latest".to_owned()];
@@ -163,6 +173,7 @@ fn a_synthesized_file_parses_and_reads_whole_ranged_and_across_chunks() {
     std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(whole.len() as u64 - 5)).unwrap();
     f.read_to_end(&mut tail).unwrap();
     assert_eq!(tail, whole[whole.len() - 5..]);
+    drop((file, f));
     m.unmount();
 }
 
@@ -178,7 +189,7 @@ fn mmap_of_a_mounted_file_works() {
     // SAFETY: the mounted file is read-only and never changes while mapped.
     let map = unsafe { memmap2::Mmap::map(&file) }.expect("mmap works on the mount");
     assert!(map[..] == expected[..]);
-    drop(map);
+    drop((map, file));
     m.unmount();
 }
 
@@ -320,6 +331,7 @@ fn xattrs_ioctls_and_writes_through_the_kernel() {
         std::io::Error::last_os_error().raw_os_error(),
         Some(libc::ENOTTY)
     );
+    drop(f);
 
     assert_eq!(
         errno(fs::OpenOptions::new().write(true).open(&file)),

@@ -42,6 +42,19 @@ pub struct LaneContents {
     pub mtime: SystemTime,
 }
 
+/// The size of the filesystem holding the store, in blocks of `block_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// All blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub free_blocks: u64,
+    /// Free blocks unprivileged users may use.
+    pub available_blocks: u64,
+    /// Bytes per block.
+    pub block_bytes: u32,
+}
+
 /// The store as the namespace sees it. Implementations are called from many threads.
 pub trait Catalog: Send + Sync {
     /// A cheap value that changes whenever any ref changes (names, sizes, mtimes of
@@ -69,8 +82,9 @@ pub trait Catalog: Send + Sync {
     /// The tree or header is absent, damaged or malformed, or cannot be laid out.
     fn lane(&self, commit: &ObjectRef) -> Result<LaneContents, CommitError>;
 
-    /// Size of the filesystem holding the store: blocks and the block unit in bytes.
-    fn capacity(&self) -> Option<(u64, u32)> {
+    /// Size of the filesystem holding the store: total, free and available blocks, and the
+    /// block unit in bytes.
+    fn capacity(&self) -> Option<Capacity> {
         None
     }
 }
@@ -139,14 +153,19 @@ impl Catalog for StoreCatalog {
         })
     }
 
-    fn capacity(&self) -> Option<(u64, u32)> {
+    fn capacity(&self) -> Option<Capacity> {
         let path = std::ffi::CString::new(self.store.root().as_os_str().as_encoded_bytes()).ok()?;
         // SAFETY: statvfs writes into the zeroed struct we own; `path` is NUL-terminated.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
             return None;
         }
-        Some((st.f_blocks, st.f_frsize as u32))
+        Some(Capacity {
+            blocks: st.f_blocks,
+            free_blocks: st.f_bfree,
+            available_blocks: st.f_bavail,
+            block_bytes: st.f_frsize as u32,
+        })
     }
 }
 

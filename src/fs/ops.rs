@@ -24,17 +24,10 @@ use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{Content, ObjectSource};
 use crate::store::Store;
 
-/// How long an error about one commit or file is not logged again.
-const REPORT_EVERY: Duration = Duration::from_secs(60);
-
-/// What the repair of a damaged store is, for error logs.
-const REPAIR: &str =
-    "run `tensorfs verify --repair` to remove damaged blobs, then import or download the model again";
-
 #[derive(Debug, Default)]
-struct RefreshState {
-    checked: Option<Instant>,
-    signature: Option<u64>,
+pub(super) struct RefreshState {
+    pub(super) checked: Option<Instant>,
+    pub(super) signature: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -53,20 +46,20 @@ enum Handle {
 
 /// The read-only TensorFS namespace over a [`Catalog`] and an [`ObjectSource`].
 pub struct TensorFs {
-    catalog: Arc<dyn Catalog>,
+    pub(super) catalog: Arc<dyn Catalog>,
     objects: Arc<dyn ObjectSource>,
-    config: FsConfig,
+    pub(super) config: FsConfig,
     mounted_at: SystemTime,
     inodes: InodeTable,
-    lanes: LaneCache,
+    pub(super) lanes: LaneCache,
     /// Lane labels of commits (trees never change).
-    commit_lanes: Mutex<HashMap<Sha256, CommitLane>>,
-    snapshot: RwLock<Arc<Snapshot>>,
-    refresh: Mutex<RefreshState>,
+    pub(super) commit_lanes: Mutex<HashMap<Sha256, CommitLane>>,
+    pub(super) snapshot: RwLock<Arc<Snapshot>>,
+    pub(super) refresh: Mutex<RefreshState>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_handle: AtomicU64,
     /// When each failing commit or file was last logged.
-    reported: Mutex<HashMap<String, Instant>>,
+    pub(super) reported: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for TensorFs {
@@ -350,14 +343,16 @@ impl TensorFs {
         Ok(())
     }
 
-    /// The mount's totals: the store's filesystem size, no free space (nothing can be written).
+    /// The mount's totals: the store's filesystem sizes and the inodes given out.
     pub fn statfs(&self) -> FsStats {
-        let (blocks, fragment_size) = self.catalog.capacity().unwrap_or((0, 4096));
+        let capacity = self.catalog.capacity();
         FsStats {
-            blocks,
+            blocks: capacity.map_or(0, |c| c.blocks),
+            free_blocks: capacity.map_or(0, |c| c.free_blocks),
+            available_blocks: capacity.map_or(0, |c| c.available_blocks),
             files: self.inodes.len(),
             block_size: self.config.blksize_bytes,
-            fragment_size,
+            fragment_size: capacity.map_or(4096, |c| c.block_bytes),
             name_max: 255,
         }
     }
@@ -521,102 +516,6 @@ impl TensorFs {
                     .file(parent, &lane.commit, &file.path, size, lane.contents.mtime)
             }
         }
-    }
-
-    /// The current refs, re-read first when the check interval passed and they changed.
-    fn snapshot(&self) -> FsResult<Arc<Snapshot>> {
-        {
-            let mut state = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
-            let due = state
-                .checked
-                .is_none_or(|at| at.elapsed() >= self.config.refs_check_interval);
-            if due {
-                state.checked = Some(Instant::now());
-                let signature = self.catalog.refs_signature().map_err(FsError::Refs)?;
-                if state.signature != Some(signature) {
-                    let repos = self.catalog.repos().map_err(FsError::Refs)?;
-                    *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) =
-                        Arc::new(Snapshot::new(repos));
-                    state.signature = Some(signature);
-                }
-            }
-        }
-        Ok(self
-            .snapshot
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone())
-    }
-
-    /// The lane folders of revision `rev` of repo `org/name`; `None` when there is no such
-    /// repo or revision (any more).
-    fn revision_lanes(
-        &self,
-        org: &str,
-        name: &str,
-        rev: &str,
-    ) -> FsResult<Option<Vec<(String, ObjectRef)>>> {
-        let snapshot = self.snapshot()?;
-        let Some(entry) = snapshot.repo(org, name) else {
-            return Ok(None);
-        };
-        let Some(revision) = namespace::revision(&entry.repo, rev) else {
-            return Ok(None);
-        };
-        namespace::lanes(&entry.repo, revision, |c| {
-            self.commit_lane(c).map(|l| l.lane)
-        })
-        .map(Some)
-    }
-
-    fn commit_lane(&self, commit: &ObjectRef) -> FsResult<CommitLane> {
-        if let Some(lane) = self
-            .commit_lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&commit.sha256)
-        {
-            return Ok(lane.clone());
-        }
-        let lane = self
-            .catalog
-            .commit_lane(commit)
-            .map_err(|source| self.commit_error(commit, source))?;
-        self.commit_lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(commit.sha256, lane.clone());
-        Ok(lane)
-    }
-
-    fn lane(&self, commit: &ObjectRef) -> FsResult<Arc<Lane>> {
-        self.lanes
-            .get_or_build(commit, || self.catalog.lane(commit))
-            .map_err(|source| self.commit_error(commit, source))
-    }
-
-    fn commit_error(&self, commit: &ObjectRef, source: super::CommitError) -> FsError {
-        let err = FsError::Commit {
-            commit: commit.id(),
-            source,
-        };
-        self.report(commit.id(), &err);
-        err
-    }
-
-    /// Logs `err` once per [`REPORT_EVERY`] for `key`, so a reader retrying a broken file
-    /// does not flood the log.
-    fn report(&self, key: String, err: &FsError) {
-        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if reported
-            .get(&key)
-            .is_some_and(|at| now.duration_since(*at) < REPORT_EVERY)
-        {
-            return;
-        }
-        reported.insert(key, now);
-        tracing::error!("{err}; answering EIO; {REPAIR}");
     }
 
     fn add_handle(&self, handle: Handle) -> u64 {

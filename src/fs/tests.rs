@@ -658,6 +658,7 @@ fn errnos_are_decided_per_variant() {
             libc::ERANGE,
         ),
         (FsError::NoIoctl(1), libc::ENOTTY),
+        (FsError::Unsupported("lseek"), libc::ENOSYS),
         (
             FsError::Read {
                 commit: "c".into(),

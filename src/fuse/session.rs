@@ -28,6 +28,8 @@ use std::time::Duration;
 
 use fuser::{MountOption, Session, SessionACL, SessionUnmounter};
 
+pub use super::mountinfo::is_mounted;
+use super::mountinfo::set_read_ahead;
 use super::FuseAdapter;
 use crate::fs::{FsConfig, TensorFs};
 use crate::store::{Store, StoreError};
@@ -62,7 +64,8 @@ pub struct MountConfig {
     /// needs `allow_other`). Default: as root when `fusermount3` is installed (apt `fuse3`).
     pub auto_unmount: bool,
     /// The mount's readahead window in KiB, set on its bdi after mounting; 0 keeps the
-    /// kernel's (128 KiB). Default 1024: with 1 MiB requests, sequential reads run ~2× faster.
+    /// kernel's (128 KiB). Default 1024: sequential first reads measured 1.5× faster (1.8 vs
+    /// 1.2 GB/s) with 1 MiB requests.
     pub read_ahead_kb: u32,
     /// Namespace settings (TTLs, cache sizes).
     pub fs: FsConfig,
@@ -296,22 +299,23 @@ fn ended_session(
 
 /// Unmounts; when files in the mount are open, detaches it lazily so it goes away as soon as
 /// they close (the session keeps serving them until then).
+///
+/// We unmount ourselves rather than through `fuser`: with `auto_unmount`, `fuser` only closes
+/// its socket to `fusermount3`, which unmounts only a filesystem whose daemon is gone
+/// (ENOTCONN); a live one would stay mounted and the session would never end.
 fn detach(unmounter: &mut SessionUnmounter, mountpoint: &Path) -> Result<(), MountError> {
-    match unmounter.unmount() {
-        Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            tracing::warn!(
-                "{} is busy: detaching it; it goes away when its files close",
-                mountpoint.display()
-            );
-            unmount(mountpoint, true)
+    if let Err(e) = unmount(mountpoint, false) {
+        if is_mounted(mountpoint) {
+            tracing::warn!("{e}; detaching it: it goes away when its files close");
+            unmount(mountpoint, true)?;
         }
-        Err(source) => Err(MountError::Unmount {
-            mountpoint: mountpoint.to_path_buf(),
-            source,
-            hint: "",
-        }),
     }
+    // Lets `fuser` release its side (the auto_unmount socket); the mount is already gone, so
+    // `fusermount3` finds nothing to do.
+    if let Err(e) = unmounter.unmount() {
+        tracing::debug!("fuser unmount of {}: {e}", mountpoint.display());
+    }
+    Ok(())
 }
 
 /// Writes the readiness line (or the error) to `fd` and closes it; a standard descriptor is
@@ -341,7 +345,9 @@ pub fn ready_fd_from_env() -> Option<RawFd> {
 }
 
 /// Starts `command` (the binary with `mount … --foreground`) as a daemon in its own process
-/// group, and waits up to `timeout` for its readiness line on its stdout. Returns its pid.
+/// group, and waits up to `timeout` for its readiness line on its stdout (so the daemon must
+/// print nothing else there first; its logs go to stderr, which the caller directs, e.g. to a
+/// log file). Returns its pid.
 ///
 /// # Errors
 /// The command cannot start, reports an error, exits, or is not ready in time (it is then
@@ -545,73 +551,6 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
     Ok(canonical)
 }
 
-/// Whether a TensorFS mount is on `mountpoint` (canonical), per `/proc/self/mountinfo`.
-pub fn is_mounted(mountpoint: &Path) -> bool {
-    find_mount(mountpoint).is_some_and(|m| m.fstype == FSTYPE)
-}
-
-/// One mount from `/proc/self/mountinfo`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct MountInfo {
-    /// The device number `major:minor` (the bdi's name).
-    device: String,
-    fstype: String,
-}
-
-/// The topmost mount on `mountpoint`. Read from mountinfo rather than by `stat`, which would
-/// ask our own daemon (and deadlock before it serves) or fail on a stale mount.
-fn find_mount(mountpoint: &Path) -> Option<MountInfo> {
-    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let fields: Vec<&str> = left.split(' ').collect();
-            let path = unescape(fields.get(4)?);
-            let device = fields.get(2)?;
-            let fstype = right.split(' ').next()?;
-            (Path::new(&path) == mountpoint).then(|| MountInfo {
-                device: device.to_string(),
-                fstype: fstype.to_owned(),
-            })
-        })
-        .last()
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        match octal {
-            Some(d) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Sets the readahead window of the mount's bdi (FUSE's `max_readahead` is capped at what the
-/// kernel offered, 128 KiB; the bdi's `read_ahead_kb` is not).
-fn set_read_ahead(mountpoint: &Path, kb: u32) -> io::Result<()> {
-    let info =
-        find_mount(mountpoint).ok_or_else(|| io::Error::other("not in /proc/self/mountinfo"))?;
-    let path = PathBuf::from(format!("/sys/class/bdi/{}/read_ahead_kb", info.device));
-    fs::write(&path, format!("{kb}\n"))
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    tracing::debug!("{}: read_ahead_kb = {kb}", path.display());
-    Ok(())
-}
-
 fn is_root() -> bool {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() == 0 }
@@ -625,19 +564,6 @@ fn in_path(program: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");
-        assert_eq!(unescape(r"/mnt/tab\011x\134y"), "/mnt/tab\tx\\y");
-        assert_eq!(unescape(r"/plain\0"), r"/plain\0");
-    }
-
-    #[test]
-    fn the_root_folder_is_found_in_mountinfo() {
-        let root = find_mount(Path::new("/")).expect("/ is mounted");
-        assert!(root.device.contains(':'), "{root:?}");
-    }
 
     #[test]
     fn a_missing_or_file_mountpoint_is_refused() {

@@ -254,3 +254,31 @@ pub fn capture_logs() {
 pub fn logs() -> String {
     String::from_utf8_lossy(&LOGS.get().expect("capture_logs ran").0.lock().unwrap()).into_owned()
 }
+
+/// The readahead window of the mount at `root` (its bdi's `read_ahead_kb`).
+pub fn read_ahead_kb(root: &Path) -> u32 {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let device = mountinfo
+        .lines()
+        .rev()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| Path::new(f[4]) == root)
+        .map(|f| f[2].to_owned())
+        .expect("the mount is in mountinfo");
+    let path = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    std::fs::read_to_string(&path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `statvfs(path)`: (total blocks, block size).
+pub fn statvfs(path: &Path) -> (u64, u64) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statvfs writes into the zeroed struct we own; `c` is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks, st.f_frsize)
+}

@@ -1,0 +1,117 @@
+//! How the namespace resolves names to refs and commits: the refs snapshot (re-read when it
+//! changed), commits' lane labels, lane views, and the rate-limited log of commits and files
+//! that cannot be served.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::catalog::CommitLane;
+use super::lanes::Lane;
+use super::namespace::{self, Snapshot};
+use super::{CommitError, FsError, FsResult, TensorFs};
+use crate::format::ObjectRef;
+
+/// How long an error about one commit or file is not logged again.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// What the repair of a damaged store is, for error logs.
+const REPAIR: &str =
+    "run `tensorfs verify --repair` to remove damaged blobs, then import or download the model again";
+
+impl TensorFs {
+    /// The current refs, re-read first when the check interval passed and they changed.
+    pub(super) fn snapshot(&self) -> FsResult<Arc<Snapshot>> {
+        {
+            let mut state = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
+            let due = state
+                .checked
+                .is_none_or(|at| at.elapsed() >= self.config.refs_check_interval);
+            if due {
+                state.checked = Some(Instant::now());
+                let signature = self.catalog.refs_signature().map_err(FsError::Refs)?;
+                if state.signature != Some(signature) {
+                    let repos = self.catalog.repos().map_err(FsError::Refs)?;
+                    *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) =
+                        Arc::new(Snapshot::new(repos));
+                    state.signature = Some(signature);
+                }
+            }
+        }
+        Ok(self
+            .snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone())
+    }
+
+    /// The lane folders of revision `rev` of repo `org/name`; `None` when there is no such
+    /// repo or revision (any more).
+    pub(super) fn revision_lanes(
+        &self,
+        org: &str,
+        name: &str,
+        rev: &str,
+    ) -> FsResult<Option<Vec<(String, ObjectRef)>>> {
+        let snapshot = self.snapshot()?;
+        let Some(entry) = snapshot.repo(org, name) else {
+            return Ok(None);
+        };
+        let Some(revision) = namespace::revision(&entry.repo, rev) else {
+            return Ok(None);
+        };
+        namespace::lanes(&entry.repo, revision, |c| {
+            self.commit_lane(c).map(|l| l.lane)
+        })
+        .map(Some)
+    }
+
+    pub(super) fn commit_lane(&self, commit: &ObjectRef) -> FsResult<CommitLane> {
+        if let Some(lane) = self
+            .commit_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&commit.sha256)
+        {
+            return Ok(lane.clone());
+        }
+        let lane = self
+            .catalog
+            .commit_lane(commit)
+            .map_err(|source| self.commit_error(commit, source))?;
+        self.commit_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(commit.sha256, lane.clone());
+        Ok(lane)
+    }
+
+    pub(super) fn lane(&self, commit: &ObjectRef) -> FsResult<Arc<Lane>> {
+        self.lanes
+            .get_or_build(commit, || self.catalog.lane(commit))
+            .map_err(|source| self.commit_error(commit, source))
+    }
+
+    fn commit_error(&self, commit: &ObjectRef, source: CommitError) -> FsError {
+        let err = FsError::Commit {
+            commit: commit.id(),
+            source,
+        };
+        self.report(commit.id(), &err);
+        err
+    }
+
+    /// Logs `err` once per [`REPORT_EVERY`] for `key`, so a reader retrying a broken file
+    /// does not flood the log.
+    pub(super) fn report(&self, key: String, err: &FsError) {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if reported
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < REPORT_EVERY)
+        {
+            return;
+        }
+        reported.insert(key, now);
+        tracing::error!("{err}; answering EIO; {REPAIR}");
+    }
+}
