@@ -3,6 +3,7 @@
 mod export;
 mod import;
 mod inspect;
+mod mount;
 mod target;
 mod verify;
 
@@ -38,6 +39,10 @@ pub enum Command {
     Export(export::Args),
     /// Re-hash objects: every blob, or the closure of REF; --repair removes damaged ones.
     Verify(verify::Args),
+    /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default).
+    Mount(mount::Args),
+    /// Unmount a mount point and stop its daemon.
+    Unmount(mount::UnmountArgs),
 }
 
 impl Cli {
@@ -82,13 +87,19 @@ pub fn init_logging(default: &str) {
 /// Runs the command line; errors are printed with their causes.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging("warn");
+    // The mount daemon's log says what it served and refused; commands only warn.
+    init_logging(match cli.command {
+        Command::Mount(_) => "info",
+        _ => "warn",
+    });
     let result = match &cli.command {
         Command::Import(args) => import::run(&cli, args),
         Command::Ls(args) => inspect::ls(&cli, args),
         Command::Inspect(args) => inspect::run(&cli, args),
         Command::Export(args) => export::run(&cli, args),
         Command::Verify(args) => verify::run(&cli, args),
+        Command::Mount(args) => mount::run(&cli, args),
+        Command::Unmount(args) => mount::unmount(args),
     };
     match result {
         Ok(code) => code,

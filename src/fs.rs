@@ -50,12 +50,7 @@ use crate::store::StoreError;
 /// Inode number of the mount's root.
 pub const ROOT_INO: u64 = 1;
 
-/// The folder name of a commit's lane when its tree has no lane label. No label can start with
-/// `_` (spec §3), so it never collides with a labelled lane.
-pub const UNLABELLED_LANE: &str = "_";
-
-/// The revision folder that follows the newest release (or the newest commit of each lane).
-pub const LATEST: &str = "latest";
+pub use crate::revisions::{LATEST, NO_LANE as UNLABELLED_LANE};
 
 /// Extended attribute naming the commit (`sha256:<hex>`) of a lane folder or file.
 pub const XATTR_COMMIT: &str = "user.tensorfs.commit";

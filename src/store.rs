@@ -259,16 +259,24 @@ impl Store {
         Ok(bytes)
     }
 
+    /// Reads the tree of commit `id`, verified and validated.
+    ///
+    /// # Errors
+    /// The tree is absent, damaged or malformed.
+    pub fn tree(&self, id: &ObjectRef) -> StoreResult<Tree> {
+        let bytes = self.read_verified(id)?;
+        Tree::from_json(&bytes).map_err(|source| StoreError::Format {
+            path: self.object_path(id),
+            source,
+        })
+    }
+
     /// Reads commit `id`: its tree and header, both verified and validated.
     ///
     /// # Errors
     /// Either document is absent, damaged or malformed.
     pub fn commit(&self, id: &ObjectRef) -> StoreResult<Commit> {
-        let tree_bytes = self.read_verified(id)?;
-        let tree = Tree::from_json(&tree_bytes).map_err(|source| StoreError::Format {
-            path: self.object_path(id),
-            source,
-        })?;
+        let tree = self.tree(id)?;
         let header_ref = *tree.header().1;
         let header_bytes = self.read_verified(&header_ref)?;
         let header = Header::from_cbor(&header_bytes).map_err(|source| StoreError::Format {

@@ -8,13 +8,13 @@ Method (printed with the results):
     median of N runs each (wall time of the command).
   * sequential read: the file read in 16 MiB blocks from the source (warm, median of N) vs
     the mounted file: first read after a fresh mount, then a second read on the same mount.
-  * safe_open: every tensor of the folder loaded with safetensors' safe_open(framework="np")
+  * safe_open: every tensor of the folder loaded with safetensors' safe_open(framework="pt")
     from the mount (second pass, page cache warm) vs the source folder (warm), median of N.
   * daemon peak RSS: VmHWM of the mount daemon after the first full read (a fresh daemon).
 
 Usage: tools/bench.py [--size-gib 1] [--runs 3] [--work DIR] [--tensorfs BIN] [--tfs BIN]
                       [--json OUT]
-Run with the dev venv's python (tools/venv.sh prints it): it needs numpy and safetensors.
+Run with the dev venv's python (tools/venv.sh prints it): it needs numpy, torch and safetensors.
 Never a test: machines are shared and noisy; read the ratios, not the absolute numbers.
 """
 
@@ -32,26 +32,19 @@ import numpy as np
 
 
 def make_input(path, size_gib):
-    from safetensors.numpy import save_file
+    import torch
+    from safetensors.torch import save_file
 
     rng = np.random.default_rng(0)
     total = int(size_gib * (1 << 30))
     n = 64
-    per = total // n // 2  # bf16 elements per tensor
     cols = 4096
-    rows = max(1, per // cols)
+    rows = max(1, total // n // 2 // cols)
     tensors = {}
     for i in range(n):
         raw = rng.integers(0, 1 << 16, size=(rows, cols), dtype=np.uint16)
-        tensors[f"layers.{i}.weight"] = raw
-    # numpy has no bfloat16: write U16 and relabel the dtype in the header, which is
-    # byte-identical to a BF16 file of the same bits.
+        tensors[f"layers.{i}.weight"] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
     save_file(tensors, path, metadata={"format": "pt"})
-    with open(path, "r+b") as f:
-        n_header = int.from_bytes(f.read(8), "little")
-        header = f.read(n_header).replace(b'"U16"', b'"BF16"')
-        f.seek(8)
-        f.write(header)
 
 
 def read_all(path, block=16 << 20):
@@ -66,7 +59,7 @@ def read_all(path, block=16 << 20):
 
 def run(cmd, **kw):
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, **kw)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
     return time.perf_counter() - start
 
 
@@ -82,7 +75,7 @@ def safe_open_all(folder):
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".safetensors"):
             continue
-        with safe_open(os.path.join(folder, name), framework="np") as f:
+        with safe_open(os.path.join(folder, name), framework="pt") as f:
             for key in f.keys():
                 total += f.get_tensor(key).nbytes
     return time.perf_counter() - start

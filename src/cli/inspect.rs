@@ -38,9 +38,16 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
     let store = cli.open_store()?;
     let mut rows = Vec::new();
     for repo in store.repos()? {
-        for rev in revisions(&store, &repo)? {
-            for (lane, commit) in &rev.lanes {
-                rows.push(json!({"repo": repo.name, "revision": rev.name, "lane": lane, "commit": commit.id()}));
+        let revs = match revisions(&store, &repo) {
+            Ok(revs) => revs,
+            Err(e) => {
+                eprintln!("tensorfs: repo {}: {e}", repo.name);
+                continue;
+            }
+        };
+        for (revision, lanes) in revs {
+            for (lane, commit) in lanes {
+                rows.push(json!({"repo": repo.name, "revision": revision, "lane": lane, "commit": commit.id()}));
             }
         }
     }

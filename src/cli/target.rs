@@ -9,7 +9,7 @@
 use anyhow::{anyhow, bail, Context};
 
 use crate::format::{ObjectRef, Sha256};
-use crate::revisions::{revisions, LATEST};
+use crate::revisions::{self, LATEST};
 use crate::store::{Commit, Store};
 
 /// One resolved lane of a revision.
@@ -48,20 +48,19 @@ pub fn resolve(store: &Store, reference: &str, lane: Option<&str>) -> anyhow::Re
                 )
             })?;
             let wanted = revision.strip_prefix("sha256:").unwrap_or(revision);
-            let revs = revisions(store, &repo)?;
-            let rev = revs.iter().find(|r| r.name == wanted).ok_or_else(|| {
-                let names: Vec<&str> = revs.iter().map(|r| r.name.as_str()).collect();
-                anyhow!(
+            let Some(rev) = revisions::revision(&repo, wanted) else {
+                bail!(
                     "repo {name} has no revision {revision:?} (it has: {})",
-                    names.join(", ")
-                )
-            })?;
-            rev.lanes
-                .iter()
+                    revisions::revision_names(&repo).join(", ")
+                );
+            };
+            let lanes = revisions::lanes(&repo, rev, |commit| store.tree(commit).map(|t| t.lane))?;
+            lanes
+                .into_iter()
                 .map(|(lane, commit)| Target {
                     repo: Some(repo.name.clone()),
-                    lane: lane.clone(),
-                    commit: *commit,
+                    lane,
+                    commit,
                 })
                 .collect()
         }

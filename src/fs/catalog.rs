@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::CommitError;
-use crate::format::{ObjectRef, Repo, Tree};
+use crate::format::{ObjectRef, Repo};
 use crate::layout::LaneView;
 use crate::store::{Store, StoreError};
 
@@ -132,11 +132,7 @@ impl Catalog for StoreCatalog {
     }
 
     fn commit_lane(&self, commit: &ObjectRef) -> Result<CommitLane, CommitError> {
-        let bytes = self.store.read_verified(commit)?;
-        let tree = Tree::from_json(&bytes).map_err(|source| StoreError::Format {
-            path: self.store.object_path(commit),
-            source,
-        })?;
+        let tree = self.store.tree(commit)?;
         Ok(CommitLane {
             lane: tree.lane,
             mtime: self.blob_mtime(commit),

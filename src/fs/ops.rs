@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::catalog::{Catalog, CommitLane, StoreCatalog};
 use super::inodes::{Inode, InodeTable, Node};
 use super::lanes::{self, ChildKind, Lane, LaneCache};
-use super::namespace::{self, Snapshot};
+use super::namespace::Snapshot;
 use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, Opened, XattrReply,
     XATTR_COMMIT, XATTR_HEADER,
@@ -22,6 +22,7 @@ use super::{
 use crate::format::{ObjectRef, Sha256};
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{Content, ObjectSource};
+use crate::revisions;
 use crate::store::Store;
 
 #[derive(Debug, Default)]
@@ -140,7 +141,7 @@ impl TensorFs {
             Node::Repo { org, name: repo } => {
                 let snapshot = self.snapshot()?;
                 let entry = snapshot.repo(org, repo).ok_or_else(not_found)?;
-                namespace::revision(&entry.repo, name).ok_or_else(not_found)?;
+                revisions::revision(&entry.repo, name).ok_or_else(not_found)?;
                 let node = Node::Revision {
                     org: org.clone(),
                     name: repo.clone(),
@@ -440,7 +441,7 @@ impl TensorFs {
             Node::Repo { org, name } => {
                 let snapshot = self.snapshot()?;
                 if let Some(entry) = snapshot.repo(org, name) {
-                    for rev in namespace::revision_names(&entry.repo) {
+                    for rev in revisions::revision_names(&entry.repo) {
                         let node = Node::Revision {
                             org: org.clone(),
                             name: name.clone(),

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use super::catalog::CommitLane;
 use super::lanes::Lane;
-use super::namespace::{self, Snapshot};
+use super::namespace::Snapshot;
 use super::{CommitError, FsError, FsResult, TensorFs};
 use crate::format::ObjectRef;
+use crate::revisions;
 
 /// How long an error about one commit or file is not logged again.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
@@ -56,10 +57,10 @@ impl TensorFs {
         let Some(entry) = snapshot.repo(org, name) else {
             return Ok(None);
         };
-        let Some(revision) = namespace::revision(&entry.repo, rev) else {
+        let Some(revision) = revisions::revision(&entry.repo, rev) else {
             return Ok(None);
         };
-        namespace::lanes(&entry.repo, revision, |c| {
+        revisions::lanes(&entry.repo, revision, |c| {
             self.commit_lane(c).map(|l| l.lane)
         })
         .map(Some)

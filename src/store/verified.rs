@@ -64,7 +64,9 @@ struct Stamps {
 impl Stamps {
     /// Reads lines appended since the last call.
     fn catch_up(&mut self, path: &PathBuf) {
-        let Ok(mut file) = fs::File::open(path) else { return };
+        let Ok(mut file) = fs::File::open(path) else {
+            return;
+        };
         if file.seek(SeekFrom::Start(self.read)).is_err() {
             return;
         }
