@@ -1,0 +1,137 @@
+//! Lane views and reads, against an in-memory object source.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::Arc;
+
+use memmap2::{Mmap, MmapMut};
+
+use super::{Content, LaneView, ObjectSource};
+use crate::format::header::HEADER_FORMAT;
+use crate::format::{Body, ClassRef, Component, Dtype, Header, Location, ObjectRef, Tree};
+
+/// Objects in memory; `map` says whether it offers mappings too.
+struct Memory {
+    objects: HashMap<ObjectRef, Vec<u8>>,
+    map: bool,
+}
+
+impl ObjectSource for Memory {
+    fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let bytes = &self.objects[object];
+        buf.copy_from_slice(&bytes[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn mapped(&self, object: &ObjectRef) -> io::Result<Option<Arc<Mmap>>> {
+        if !self.map || self.objects[object].is_empty() {
+            return Ok(None);
+        }
+        let mut map = MmapMut::map_anon(self.objects[object].len())?;
+        map.copy_from_slice(&self.objects[object]);
+        Ok(Some(Arc::new(map.make_read_only()?)))
+    }
+}
+
+/// A model of two tensors whose second spans two chunks, laid out canonically.
+fn model() -> (Memory, LaneView, Vec<u8>) {
+    let a: Vec<u8> = (0..16u8).collect();
+    let b: Vec<u8> = (0..40u32).map(|i| (i * 7) as u8).collect();
+    // chunk 0: a at 0, b's first 24 bytes at 4096; chunk 1: b's last 16 bytes.
+    let mut chunk0 = vec![0u8; 4096 + 24];
+    chunk0[..16].copy_from_slice(&a);
+    chunk0[4096..].copy_from_slice(&b[..24]);
+    let chunk1 = b[24..].to_vec();
+    let chunks = vec![ObjectRef::of(&chunk0), ObjectRef::of(&chunk1)];
+    let tensor = |key: &str, shape: u64, location| crate::format::Tensor {
+        key: key.into(),
+        dtype: Dtype::U8,
+        shape: vec![shape],
+        body: Body::Plain(location),
+    };
+    let header = Header {
+        format: HEADER_FORMAT.into(),
+        chunks: chunks.clone(),
+        encodings: vec![],
+        pipeline: None,
+        components: vec![Component {
+            name: "model".into(),
+            class: ClassRef::default(),
+            config: BTreeMap::new(),
+            tensors: vec![
+                tensor(
+                    "a",
+                    16,
+                    Location {
+                        chunk: 0,
+                        offset: 0,
+                        length: 16,
+                    },
+                ),
+                tensor(
+                    "b",
+                    40,
+                    Location {
+                        chunk: 0,
+                        offset: 4096,
+                        length: 40,
+                    },
+                ),
+            ],
+            assets: BTreeMap::new(),
+            config_file: None,
+        }],
+        metadata: BTreeMap::new(),
+    };
+    let tree = Tree {
+        lane: Some("u8".into()),
+        files: BTreeMap::new(),
+    };
+    let view = LaneView::build(&ObjectRef::of(b"commit"), &tree, &header).unwrap();
+    let objects = HashMap::from([(chunks[0], chunk0), (chunks[1], chunk1)]);
+    let memory = Memory { objects, map: true };
+    let file = view.file("model.safetensors").expect("the weights file");
+    let mut expected = vec![0u8; file.content.size() as usize];
+    file.content.read_at(&memory, 0, &mut expected).unwrap();
+    let mut tail = a.clone();
+    tail.extend_from_slice(&b);
+    assert!(
+        expected.ends_with(&tail),
+        "tensors follow the header in safetensors order"
+    );
+    (memory, view, expected)
+}
+
+#[test]
+fn borrowed_and_copied_reads_give_the_same_bytes_for_every_range() {
+    let (mut memory, view, expected) = model();
+    let content: &Content = &view.file("model.safetensors").unwrap().content;
+    let size = expected.len();
+    for map in [true, false] {
+        memory.map = map;
+        let mut scratch = Vec::new();
+        for offset in 0..=size + 2 {
+            for len in [0, 1, 7, 16, 23, 24, 25, 40, 64, size] {
+                let got = content
+                    .with_bytes(&memory, offset as u64, len, &mut scratch, |b| b.to_vec())
+                    .unwrap();
+                let want = &expected[offset.min(size)..(offset + len).min(size)];
+                assert_eq!(got, want, "map {map}, offset {offset}, len {len}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_read_past_the_end_gives_nothing() {
+    let (memory, view, expected) = model();
+    let content = &view.file("model.safetensors").unwrap().content;
+    let mut buf = [0u8; 8];
+    assert_eq!(
+        content
+            .read_at(&memory, expected.len() as u64, &mut buf)
+            .unwrap(),
+        0
+    );
+    assert_eq!(content.read_at(&memory, u64::MAX, &mut buf).unwrap(), 0);
+}
