@@ -244,3 +244,127 @@ def die(tool, message):
     print(f"[{tool}] FAIL: {message}", file=sys.stderr, flush=True)
     print(f"RESULT: FAIL — {message}", flush=True)
     sys.exit(1)
+
+
+def mounted_paths():
+    """Mount points listed in /proc/self/mounts (octal escapes decoded)."""
+    out = set()
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 1:
+                    out.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]))
+    except OSError:
+        pass
+    return out
+
+
+def is_mounted(path):
+    """Whether `path` is a mount point (also when the daemon died and left a stale mount).
+
+    A FUSE mount has its own device number; the mount table is read up to three times because
+    a read of /proc/self/mounts can skip entries while other processes mount or unmount.
+    """
+    real = os.path.realpath(path)
+    try:
+        if os.stat(real).st_dev != os.stat(os.path.join(real, "..")).st_dev:
+            return True
+    except OSError:
+        pass
+    return any(real in mounted_paths() for _ in range(3))
+
+
+def exit_on_signals():
+    """Turns SIGTERM and SIGHUP into SystemExit, so `with Mount(...)` still unmounts when a
+    time limit or CI stops the script."""
+    import signal
+
+    def handler(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+class Mount:
+    """`tensorfs --store STORE mount MOUNTPOINT --foreground` as a child process.
+
+    Entering waits until the mount point appears in /proc/mounts (the daemon's output goes to
+    `log`); leaving always unmounts: `tensorfs unmount`, then `fusermount3 -uz` / `umount -l` if
+    the mount is still there, then waits for the daemon (terminating it if it lingers).
+    """
+
+    def __init__(self, tensorfs, store, mountpoint, log, timeout_s=60):
+        self.tensorfs, self.store, self.mountpoint, self.log = str(tensorfs), str(store), Path(mountpoint), Path(log)
+        self.timeout_s = timeout_s
+        self.proc = None
+
+    def __enter__(self):
+        import subprocess
+        import time
+
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        if is_mounted(self.mountpoint):
+            force_unmount(self.mountpoint)
+        logf = open(self.log, "ab")
+        cmd = [self.tensorfs, "--store", self.store, "mount", str(self.mountpoint), "--foreground"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
+        logf.close()
+        deadline = time.monotonic() + self.timeout_s
+        while not is_mounted(self.mountpoint):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"`{' '.join(cmd)}` exited with {self.proc.returncode} before mounting:\n"
+                                   + tail(self.log))
+            if time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"`{' '.join(cmd)}`: no mount at {self.mountpoint} after {self.timeout_s} s:\n"
+                                   + tail(self.log))
+            time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc):
+        import subprocess
+
+        # Asked even when the mount seems gone: a missed table entry must not leave it behind.
+        try:
+            subprocess.run([self.tensorfs, "unmount", str(self.mountpoint)], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if is_mounted(self.mountpoint):
+            force_unmount(self.mountpoint)
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        if is_mounted(self.mountpoint):
+            force_unmount(self.mountpoint)
+        return False
+
+
+def force_unmount(path):
+    """Lazily unmounts `path` (a stale or busy FUSE mount), whatever tool is there."""
+    import shutil
+    import subprocess
+
+    for cmd in (["fusermount3", "-uz"], ["fusermount", "-uz"], ["umount", "-l"]):
+        if not is_mounted(path):
+            return
+        if shutil.which(cmd[0]):
+            subprocess.run(cmd + [str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60, check=False)
+
+
+def tail(path, lines=30):
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])

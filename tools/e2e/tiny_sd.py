@@ -23,19 +23,16 @@ downloaded (HF_HUB_OFFLINE=1 is set before diffusers is imported).
 import argparse
 import copy
 import json
-import os
 import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_common as common  # noqa: E402
 
+common.go_offline()
 import torch  # noqa: E402
 
 # The UNet is about 118 KB in float32 and 59 KB in fp16; this splits it into several shards in both.
@@ -175,7 +172,7 @@ def save(pipe, out: Path, variant, skip=()):
             sys.exit(f"tiny_sd: expected a sharded unet for variant {variant}, got {shards}")
         for name in skip:
             for f in (tmp / name).iterdir():
-                if f.name.endswith(".safetensors") or f.name.endswith(".json") and ".index" in f.name:
+                if f.name.endswith(".safetensors") or (f.name.endswith(".json") and ".index" in f.name):
                     f.unlink()
         for f in sorted(tmp.rglob("*")):
             if f.is_file():
@@ -203,6 +200,7 @@ def main():
         sys.exit(f"tiny_sd: {out} is not empty")
     out.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
+    common.quiet()
 
     pipe = build(args.seed)
     if not args.no_fp16:

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Everything CI runs (README command 2; .ci/run calls this), on a clean Debian machine:
+#
+#   tools/test.sh [--no-cargo] [--no-e2e]
+#
+# 1. apt packages fuse3 and attr when missing;
+# 2. the Python venv (tools/venv.sh, cached in ~/.cache/tensorfs-dev; TENSORFS_VENV=/path uses
+#    an existing one), exported as TENSORFS_TEST_PYTHON for Rust tests that run Python clients;
+# 3. cargo test --release (doc tests, then all targets);
+# 4. the end-to-end checks against the release binary and real FUSE mounts:
+#    tools/main-job.sh (all-MiniLM-L6-v2 imported, mounted, embeddings and SHA-256s equal),
+#    tools/e2e/diffusers_e2e.sh (tiny SD: default lane, fp16 lane, fp16 with fallback),
+#    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
+#    exported by `tfs`).
+# Stops at the first failure, naming the step; a step past its time limit fails (the cargo
+# tests: TENSORFS_CARGO_TEST_TIMEOUT_S, default 2700; each e2e script: TENSORFS_E2E_TIMEOUT_S,
+# default 1200). Mounts are always unmounted (each script traps EXIT). Budget on 2 cores:
+# release build ~9 min from clean, venv ~6 min from clean (cached afterwards), e2e ~3 min.
+set -euo pipefail
+# shellcheck source=tools/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+run_cargo=1
+run_e2e=1
+for arg in "$@"; do
+    case "$arg" in
+        --no-cargo) run_cargo=0 ;;
+        --no-e2e) run_e2e=0 ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (see --help)" ;;
+    esac
+done
+
+work=""
+passed=()
+finish() {
+    local rc=$?
+    set +e
+    mounts_cleanup
+    if [ -n "$work" ]; then
+        if [ $rc -eq 0 ]; then rm -rf "$work"; else log "scratch files kept in $work"; fi
+    fi
+    exit $rc
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+cd "$TENSORFS_ROOT"
+step "apt packages (fuse3, attr)" ensure_apt fuse3:fusermount3 attr:getfattr
+py="$("$TENSORFS_ROOT/tools/venv.sh")" || die "tools/venv.sh failed"
+export TENSORFS_TEST_PYTHON="$py"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+log "TENSORFS_TEST_PYTHON=$py"
+ensure_cargo
+
+# Time limits (seconds) so that a hung test fails with its name instead of eating CI's 90 min;
+# `timeout` signals the whole process group (test binaries and mount daemons included).
+cargo_limit="${TENSORFS_CARGO_TEST_TIMEOUT_S:-2700}"
+e2e_limit="${TENSORFS_E2E_TIMEOUT_S:-1200}"
+
+if [ $run_cargo = 1 ]; then
+    step "cargo test --release --doc" timeout -k 30 "$cargo_limit" cargo test --release --doc
+    step "cargo test --release --all-targets (limit ${cargo_limit} s)" \
+        timeout -k 30 "$cargo_limit" cargo test --release --all-targets
+fi
+
+if [ $run_e2e = 1 ]; then
+    step "cargo build --release" build_release
+    work="$(mktemp -d "${TMPDIR:-/tmp}/tensorfs-test.XXXXXX")"
+    step "main job (all-MiniLM-L6-v2 through the mount)" timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/main-job.sh"
+    passed+=("main job")
+    step "diffusers e2e (tiny SD lanes through the mount)" \
+        timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/e2e/diffusers_e2e.sh"
+    passed+=("diffusers e2e")
+    step "compat_check (reference tfs 0.17.2)" \
+        timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/compat_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/compat"
+    passed+=("compat")
+    echo "e2e: ${#passed[@]} passed, 0 failed"
+fi
+log "all green"
