@@ -208,18 +208,14 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
-        READ_BUF.with_borrow_mut(|scratch| {
-            // Replies straight from the chunk's mapping when the range lies in one chunk.
-            let mut reply = Some(reply);
-            let sent = self
-                .fs
-                .read_with(fh.0, offset, size as usize, scratch, |bytes| {
-                    if let Some(reply) = reply.take() {
-                        reply.data(bytes);
-                    }
-                });
-            if let (Err(err), Some(reply)) = (sent, reply) {
-                fail(reply, "read", err);
+        READ_BUF.with_borrow_mut(|buf| {
+            let size = size as usize;
+            if buf.len() < size {
+                buf.resize(size, 0);
+            }
+            match self.fs.read(fh.0, offset, &mut buf[..size]) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(err) => fail(reply, "read", err),
             }
         })
     }

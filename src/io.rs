@@ -14,10 +14,9 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
-use memmap2::Mmap;
 
 use crate::format::{Hasher, ObjectRef, Sha256};
 use crate::layout::ObjectSource;
@@ -39,11 +38,10 @@ impl Default for BlobReaderConfig {
     }
 }
 
-/// An open, proven blob, and its mapping once someone asked for it.
+/// An open, proven blob.
 #[derive(Debug)]
 struct Open {
     file: File,
-    map: OnceLock<Option<Arc<Mmap>>>,
 }
 
 /// Reads verified object bytes from a store.
@@ -148,10 +146,7 @@ impl BlobReader {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(object.sha256, stamp);
-        Ok(Open {
-            file,
-            map: OnceLock::new(),
-        })
+        Ok(Open { file })
     }
 }
 
@@ -169,21 +164,6 @@ impl ObjectSource for BlobReader {
         }
         let open = self.get(object)?;
         open.file.read_exact_at(buf, offset)
-    }
-
-    fn mapped(&self, object: &ObjectRef) -> io::Result<Option<Arc<Mmap>>> {
-        let open = self.get(object)?;
-        Ok(open
-            .map
-            .get_or_init(|| {
-                // SAFETY: blobs are read-only files that neither this implementation nor the
-                // reference ever truncates or rewrites (they are only unlinked, which keeps a
-                // mapped inode alive), so the mapping's bytes stay the proven ones.
-                let map = unsafe { Mmap::map(&open.file) }.ok()?;
-                let _ = map.advise(memmap2::Advice::Sequential);
-                Some(Arc::new(map))
-            })
-            .clone())
     }
 }
 

@@ -16,7 +16,7 @@
 //! The `fs` layer (mount) and `export` both read through here, so they show the same bytes.
 
 mod canonical;
-pub(crate) mod plan;
+mod plan;
 pub mod recipe;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -69,16 +69,6 @@ pub trait ObjectSource: Send + Sync {
     /// # Errors
     /// The object is absent, damaged (`InvalidData`) or shorter than `offset + buf.len()`.
     fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()>;
-
-    /// The whole object mapped in memory, proven like [`ObjectSource::read_object`]'s bytes;
-    /// `None` where this source does not map (readers then copy through `read_object`).
-    ///
-    /// # Errors
-    /// As `read_object`.
-    fn mapped(&self, object: &ObjectRef) -> io::Result<Option<Arc<memmap2::Mmap>>> {
-        let _ = object;
-        Ok(None)
-    }
 }
 
 /// Where a file's bytes come from.
@@ -126,59 +116,6 @@ impl Content {
             Content::Safetensors(plan) => plan.read_at(source, offset, buf)?,
         }
         Ok(n)
-    }
-}
-
-impl Content {
-    /// Calls `f` with the bytes at `offset..offset + len` (clipped to the file), borrowed from
-    /// memory or from a mapped object when the range lies within one piece, else gathered into
-    /// `scratch`. Saves the copy of a read that [`Content::read_at`] makes.
-    ///
-    /// # Errors
-    /// The [`ObjectSource`] fails.
-    pub fn with_bytes<R>(
-        &self,
-        source: &dyn ObjectSource,
-        offset: u64,
-        len: usize,
-        scratch: &mut Vec<u8>,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> io::Result<R> {
-        let size = self.size();
-        let len = if offset >= size {
-            0
-        } else {
-            len.min((size - offset) as usize)
-        };
-        if len == 0 {
-            return Ok(f(&[]));
-        }
-        let borrowed = match self {
-            Content::Inline(bytes) => Some((bytes.as_ref(), offset)),
-            _ => None,
-        };
-        if let Some((bytes, at)) = borrowed {
-            return Ok(f(&bytes[at as usize..at as usize + len]));
-        }
-        let piece = match self {
-            Content::Object(object) => Some((*object, offset)),
-            Content::Safetensors(plan) => match plan.piece(offset, len as u64) {
-                Some(plan::Piece::Prefix(at)) => return Ok(f(&plan.prefix()[at..at + len])),
-                Some(plan::Piece::Chunk(object, at)) => Some((object, at)),
-                None => None,
-            },
-            Content::Inline(_) => None,
-        };
-        if let Some((object, at)) = piece {
-            if let Some(map) = source.mapped(&object)? {
-                return Ok(f(&map[at as usize..at as usize + len]));
-            }
-        }
-        if scratch.len() < len {
-            scratch.resize(len, 0);
-        }
-        let n = self.read_at(source, offset, &mut scratch[..len])?;
-        Ok(f(&scratch[..n]))
     }
 }
 

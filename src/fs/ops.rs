@@ -274,31 +274,11 @@ impl TensorFs {
     /// `EBADF` for a handle not open to a file; `EIO` when a blob is absent or damaged (one
     /// log line names the commit, the file and the repair).
     pub fn read(&self, fh: u64, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
-        let mut scratch = Vec::new();
-        self.read_with(fh, offset, buf.len(), &mut scratch, |bytes| {
-            buf[..bytes.len()].copy_from_slice(bytes);
-            bytes.len()
-        })
-    }
-
-    /// Calls `f` with up to `size` bytes of handle `fh` from `offset` (fewer at the end of the
-    /// file), borrowed from a mapped chunk where they lie in one, else gathered in `scratch`.
-    ///
-    /// # Errors
-    /// `EBADF` for an unknown handle; `EIO` when a blob is absent or damaged (logged).
-    pub fn read_with<R>(
-        &self,
-        fh: u64,
-        offset: u64,
-        size: usize,
-        scratch: &mut Vec<u8>,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> FsResult<R> {
         let Some(Handle::File(file)) = self.handle(fh) else {
             return Err(FsError::BadHandle(fh));
         };
         file.content
-            .with_bytes(self.objects.as_ref(), offset, size, scratch, f)
+            .read_at(self.objects.as_ref(), offset, buf)
             .map_err(|source| {
                 let err = FsError::Read {
                     commit: file.commit.id(),

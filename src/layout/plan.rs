@@ -82,37 +82,7 @@ impl<'h> PlanBuilder<'h> {
     }
 }
 
-/// Where a range of a synthesized file lies when it lies in one piece.
-pub(crate) enum Piece {
-    /// In the prefix, from this offset.
-    Prefix(usize),
-    /// In one chunk, from this offset.
-    Chunk(ObjectRef, u64),
-}
-
 impl SafetensorsPlan {
-    /// Where `offset..offset + len` lies, when it lies within the prefix or one segment.
-    pub(crate) fn piece(&self, offset: u64, len: u64) -> Option<Piece> {
-        let end = offset.checked_add(len)?;
-        let prefix_len = self.prefix.len() as u64;
-        if end <= prefix_len {
-            return Some(Piece::Prefix(offset as usize));
-        }
-        if offset < prefix_len {
-            return None;
-        }
-        let i = self
-            .segments
-            .partition_point(|s| s.file_offset + s.length <= offset);
-        let s = self.segments.get(i)?;
-        (end <= s.file_offset + s.length).then(|| {
-            Piece::Chunk(
-                self.chunks[s.chunk as usize],
-                s.chunk_offset + (offset - s.file_offset),
-            )
-        })
-    }
-
     /// The file's size in bytes.
     pub fn size(&self) -> u64 {
         self.size
