@@ -192,6 +192,27 @@ fn legal_edge_cases_round_trip_exactly() {
     }
 }
 
+#[test]
+fn a_file_without_tensors_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    for (name, data) in [
+        ("empty.safetensors", raw_safetensors("{}      ", &[])),
+        (
+            "meta-only.safetensors",
+            raw_safetensors("{\"__metadata__\":{\"format\":\"pt\"}}", &[]),
+        ),
+    ] {
+        let src = dir.path().join(name);
+        fs::write(&src, &data).unwrap();
+        let repo = format!("local/{}", name.trim_end_matches(".safetensors"));
+        ok(&store, &["import", src.to_str().unwrap(), "--name", &repo]);
+        let out = dir.path().join(format!("out-{name}"));
+        export(&store, &repo, None, &out);
+        assert_eq!(fs::read(out.join(name)).unwrap(), data, "{name}");
+    }
+}
+
 fn tensor_header(extra: &str) -> String {
     format!("{{\"w\":{{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}{extra}}}")
 }

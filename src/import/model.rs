@@ -258,7 +258,7 @@ fn lane(source: &Source, variant: Option<&str>) -> Result<LaneModel, ImportError
     // A listed component with no folder (`[null, null]`, an optional part left out) has nothing
     // to store.
     model.components.retain(|c| {
-        !(c.tensors.is_empty()
+        !(c.weights.is_empty()
             && c.assets.is_empty()
             && c.config.is_empty()
             && c.config_file.is_none())
