@@ -136,7 +136,7 @@ proptest! {
         let src = dir.path().join("w.safetensors");
         fs::write(&src, &bytes).unwrap();
         let store = Store::open(dir.path().join("store")).unwrap();
-        let report = import(&store, &[src.clone()], "local/w", &ImportConfig::default(), &Quiet).unwrap();
+        let report = import(&store, std::slice::from_ref(&src), "local/w", &ImportConfig::default(), &Quiet).unwrap();
         let again = import(&store, &[src], "local/w", &ImportConfig::default(), &Quiet).unwrap();
         prop_assert_eq!(&report.lanes[0].commit, &again.lanes[0].commit);
 
