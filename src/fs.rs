@@ -9,8 +9,8 @@
 //! Parts:
 //! - [`catalog`]: the [`Catalog`] trait (repos, a commit's lane label, a commit's lane view) and
 //!   [`StoreCatalog`], its implementation over a [`Store`](crate::store::Store).
-//! - [`namespace`]: a snapshot of the refs and how a revision (`latest`, a version, a commit's
-//!   hex) resolves to lane folders.
+//! - [`namespace`]: a snapshot of the refs, grouped by org; a revision (`latest`, a version, a
+//!   commit's hex) resolves to lane folders through [`crate::revisions`].
 //! - [`inodes`]: the inode table; numbers are stable for the mount's lifetime.
 //! - [`lanes`]: lane views indexed as folders, cached per commit in a bounded LRU.
 //! - `ops`: [`TensorFs`], the operations (lookup, getattr, readdir, open, read, xattrs, …);

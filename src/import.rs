@@ -1,7 +1,7 @@
 //! Import: Diffusers folders, Transformers folders and loose `.safetensors` files become
 //! commits of a `local/` repo.
 //!
-//! 1. [`scan`] lists the source and tells its kind; [`model`] reads every config, index and
+//! 1. `scan` lists the source and tells its kind; `model` reads every config, index and
 //!    safetensors header of each lane (the default files, then one lane per weights variant
 //!    such as `fp16`) and refuses anything malformed, naming the file and tensor. Nothing has
 //!    been written yet.

@@ -9,7 +9,7 @@
 //!   metadata, tensor bytes from the chunks);
 //! - for any other checkpoint (one the reference `tfs` imported), `model_index.json`, each
 //!   component's config and one safetensors file per component, written as the Diffusers,
-//!   Transformers and safetensors libraries write them ([`canonical`]).
+//!   Transformers and safetensors libraries write them (`canonical`).
 //!
 //! Reading a file ([`Content::read_at`]) copies header bytes from memory and tensor bytes from
 //! chunk objects through an [`ObjectSource`], which verifies each object before its first use.

@@ -10,11 +10,11 @@
 //! <root>/verified                    this implementation's ledger of blobs proven intact
 //! ```
 //!
-//! - One door admits objects ([`objects`]): bytes stream into `tmp/`, are hashed, flushed
+//! - One door admits objects (`objects`): bytes stream into `tmp/`, are hashed, flushed
 //!   (`fsync`), made read-only and renamed to their digest's path. A torn write never has a
 //!   name; a killed writer leaves only `tmp/` files, which the next writer reaps.
 //! - Refs change under an exclusive `flock` on `refs/` and a shared one on `holds/gc.lock`, as
-//!   the reference's writers and collector expect ([`refs`]); a `local/` ref roots its commits'
+//!   the reference's writers and collector expect (`refs`); a `local/` ref roots its commits'
 //!   closures against the reference's GC.
 //! - [`verified`] records which blobs were hashed and their inode stamps, so a mount can prove a
 //!   blob unchanged since its verification instead of hashing it again.
