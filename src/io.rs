@@ -3,9 +3,11 @@
 //! [`BlobReader`] is the [`ObjectSource`] of mounts and exports. The first read of an object
 //! opens its blob and proves it holds the admitted bytes: either the verification ledger
 //! ([`crate::store::verified`]) shows the inode unchanged since it was hashed, or the whole blob
-//! is hashed now (and noted). A blob that fails is never served: the read fails with
-//! `InvalidData` (EIO through FUSE) and one error log line names the blob and the repair. Open
-//! descriptors stay in an LRU; one reopened later is re-proven against its inode stamp.
+//! is hashed now (and noted). Every read then checks that the inode's stamp is still the proven
+//! one, so a blob rewritten or removed later is proven again before it serves another byte. A
+//! blob that fails is never served: the read fails with `InvalidData` (EIO through FUSE) and an
+//! error naming the blob and the repair, which the caller logs or prints; it is not hashed again
+//! until it changes. Open descriptors stay in an LRU.
 //!
 //! Reads are positioned (`pread`), so any number of threads read one descriptor at once.
 
@@ -38,10 +40,11 @@ impl Default for BlobReaderConfig {
     }
 }
 
-/// An open, proven blob.
+/// An open blob and the stamp its inode had when its bytes were proven.
 #[derive(Debug)]
 struct Open {
     file: File,
+    stamp: Stamp,
 }
 
 /// Reads verified object bytes from a store.
@@ -52,8 +55,8 @@ pub struct BlobReader {
     open: Mutex<LruCache<Sha256, Arc<Open>>>,
     /// One lock per object being opened, so concurrent first reads hash a blob once.
     opening: Mutex<HashMap<Sha256, Arc<Mutex<()>>>>,
-    /// Stamps of blobs proven by this reader.
-    proven: Mutex<HashMap<Sha256, Stamp>>,
+    /// Blobs found damaged, with their stamp then: refused without hashing until they change.
+    damaged: Mutex<HashMap<Sha256, Stamp>>,
 }
 
 impl BlobReader {
@@ -65,7 +68,7 @@ impl BlobReader {
             store,
             open: Mutex::new(LruCache::new(capacity)),
             opening: Mutex::default(),
-            proven: Mutex::default(),
+            damaged: Mutex::default(),
         }
     }
 
@@ -76,78 +79,65 @@ impl BlobReader {
 
     /// The open, proven blob of `object`.
     fn get(&self, object: &ObjectRef) -> io::Result<Arc<Open>> {
-        if let Some(open) = self
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&object.sha256)
-        {
+        if let Some(open) = lock(&self.open).get(&object.sha256) {
             return Ok(open.clone());
         }
-        let gate = self
-            .opening
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let gate = lock(&self.opening)
             .entry(object.sha256)
             .or_default()
             .clone();
-        let _gate = gate.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(open) = self
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&object.sha256)
-        {
+        let _gate = lock(&gate);
+        if let Some(open) = lock(&self.open).get(&object.sha256) {
             return Ok(open.clone());
         }
-        let open = Arc::new(self.prove(object)?);
-        self.open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .put(object.sha256, open.clone());
-        self.opening
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&object.sha256);
+        let proven = self.prove(object);
+        lock(&self.opening).remove(&object.sha256);
+        let open = Arc::new(proven?);
+        lock(&self.open).put(object.sha256, open.clone());
         Ok(open)
     }
 
-    /// Opens `object`'s blob and proves its bytes.
+    /// Opens `object`'s blob and proves its bytes: the ledger shows the inode unchanged since it
+    /// was hashed, or it is hashed now.
     fn prove(&self, object: &ObjectRef) -> io::Result<Open> {
         let path = self.store.object_path(object);
         let file = self.store.open_object(object).map_err(to_io)?;
         let meta = file.metadata()?;
         let stamp = Stamp::of(&meta);
-        let known = self
-            .proven
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&object.sha256)
-            == Some(&stamp);
-        if !known && !self.ledger.proves(object, &meta) {
+        if lock(&self.damaged).get(&object.sha256) == Some(&stamp) {
+            return Err(damaged(&path, None));
+        }
+        if !self.ledger.proves(object, &meta) {
             let found = hash_file(&file)?;
             if found != *object {
-                tracing::error!(
-                    blob = %path.display(),
-                    "blob {} holds sha256 {} ({} bytes), not the object it names: refusing to serve it; \
-                     run `tensorfs verify --repair` to remove it, then import or download the model again",
-                    object.sha256, found.sha256, found.length
-                );
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: damaged blob (sha256 mismatch)", path.display()),
-                ));
+                lock(&self.damaged).insert(object.sha256, stamp);
+                return Err(damaged(&path, Some(&found)));
             }
             if let Err(e) = self.ledger.note(object, &meta) {
                 tracing::debug!("could not note verified blob {}: {e}", path.display());
             }
         }
-        self.proven
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(object.sha256, stamp);
-        Ok(Open { file })
+        Ok(Open { file, stamp })
     }
+}
+
+/// The error for a blob whose bytes are not its object's.
+fn damaged(path: &std::path::Path, found: Option<&ObjectRef>) -> io::Error {
+    let holds = found.map_or_else(String::new, |f| {
+        format!(" (it holds sha256 {}, {} bytes)", f.sha256, f.length)
+    });
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "{}: damaged blob{holds}: its bytes are not the object its name promises; run \
+             `tensorfs verify --repair`, then import or download the model again",
+            path.display()
+        ),
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ObjectSource for BlobReader {
@@ -162,8 +152,24 @@ impl ObjectSource for BlobReader {
                 ),
             ));
         }
-        let open = self.get(object)?;
-        open.file.read_exact_at(buf, offset)
+        // A blob changed after its proof (rewritten in place, or unlinked by a repair) moves its
+        // inode's ctime before any new byte lands, so a stamp still equal after the read proves
+        // the bytes read are the proven ones. Otherwise it is opened and proven again.
+        for _ in 0..2 {
+            let open = self.get(object)?;
+            open.file.read_exact_at(buf, offset)?;
+            if Stamp::of(&open.file.metadata()?) == open.stamp {
+                return Ok(());
+            }
+            lock(&self.open).pop(&object.sha256);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: the blob keeps changing while it is read",
+                self.store.object_path(object).display()
+            ),
+        ))
     }
 }
 

@@ -222,6 +222,63 @@ fn a_damaged_blob_is_eio_with_a_log_line_while_other_files_still_read() {
         .find(|l| l.contains("ERROR") && l.contains(&c.id.id()) && l.contains("model.safetensors"))
         .unwrap_or_else(|| panic!("no error line names the commit and file:\n{logs}"));
     assert!(line.contains("tensorfs verify --repair"), "{line}");
+    assert!(
+        line.contains(&blob.display().to_string()),
+        "the line names the blob: {line}"
+    );
+    m.unmount();
+}
+
+/// Drops the kernel's cached pages of a mounted file, so the next read reaches the daemon.
+fn drop_cached_pages(path: &std::path::Path) {
+    let file = fs::File::open(path).unwrap();
+    // SAFETY: advice on a descriptor we own; it changes no memory of ours.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, 0);
+}
+
+#[test]
+fn a_blob_damaged_or_removed_after_it_was_served_is_eio() {
+    let (_dir, store) = store();
+    let c = commit(&store, Some("bf16"), 23);
+    set_repo(
+        &store,
+        "local/x",
+        vec![release("1.0", &[("bf16", &c)])],
+        vec![],
+    );
+    let m = mount(&store);
+    let file = m.path("local/x/latest/bf16/model.safetensors");
+    let good = fs::read(&file).unwrap();
+
+    // One byte flipped in place: the proven descriptor must not serve it.
+    let blob = store.object_path(&c.chunks[1]);
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = fs::read(&blob).unwrap();
+    bytes[100] ^= 0xff;
+    let mut writer = fs::OpenOptions::new().write(true).open(&blob).unwrap();
+    std::io::Write::write_all(&mut writer, &bytes).unwrap();
+    drop(writer);
+    drop_cached_pages(&file);
+    let err = fs::read(&file).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+
+    // Restored bytes serve again; then the blob removed (as a repair does) is EIO too.
+    bytes[100] ^= 0xff;
+    fs::write(&blob, &bytes).unwrap();
+    drop_cached_pages(&file);
+    assert_eq!(fs::read(&file).unwrap(), good);
+    fs::remove_file(&blob).unwrap();
+    drop_cached_pages(&file);
+    let err = fs::read(&file).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     m.unmount();
 }
 
