@@ -65,12 +65,21 @@ impl Cli {
         Ok(PathBuf::from(home).join(".cache").join("tensorfs"))
     }
 
-    /// Opens (creating if needed) the store.
+    /// Opens the store, creating it when absent (for verbs that write one).
     ///
     /// # Errors
     /// The directory is not a store.
     pub fn open_store(&self) -> anyhow::Result<Store> {
         Ok(Store::open(self.store_root()?)?)
+    }
+
+    /// Opens an existing store (for verbs that only read, so a mistyped path is an error, not an
+    /// empty new store).
+    ///
+    /// # Errors
+    /// No store there.
+    pub fn existing_store(&self) -> anyhow::Result<Store> {
+        Ok(Store::open_existing(self.store_root()?)?)
     }
 }
 
@@ -88,6 +97,13 @@ pub fn init_logging(default: &str) {
 /// Runs the command line; errors are printed with their causes.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Mount(_)) {
+        // Like other Unix tools, end quietly when the reader of our output goes away
+        // (`tensorfs ls | head`); Rust's default turns that into a panic. The mount daemon keeps
+        // ignoring SIGPIPE: its parent may close the readiness pipe early.
+        // SAFETY: resetting a signal disposition before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // The mount daemon's log says what it served and refused; commands only warn.
     init_logging(match cli.command {
         Command::Mount(_) => "info",
@@ -105,8 +121,25 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("tensorfs: {e:#}");
+            eprintln!("tensorfs: {}", describe(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line. Messages of this crate already hold their source's
+/// text, so a cause is left out when the line says it already.
+fn describe(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        if line.contains(&part) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&part);
+    }
+    line
 }

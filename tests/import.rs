@@ -569,3 +569,37 @@ fn a_process_killed_mid_import_leaves_a_store_the_next_import_accepts() {
         "temp files of killed imports were reaped: {leftovers:?}"
     );
 }
+
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded_store(dir.path());
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the two descriptors, which we then own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fds[0] and fds[1] are open and owned by nothing else.
+    let (read_end, write_end) =
+        unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) };
+    drop(read_end);
+    let out = tensorfs()
+        .args([
+            "--store",
+            store.to_str().unwrap(),
+            "inspect",
+            "local/seed",
+            "--json",
+        ])
+        .stdout(write_end)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}

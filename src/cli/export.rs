@@ -27,7 +27,7 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let store = cli.open_store()?;
+    let store = cli.existing_store()?;
     let (target, commit) = resolve_one(&store, &args.reference, args.lane.as_deref())?;
     let view = LaneView::build(&commit.id, &commit.tree, &commit.header)?;
     if args.dir.exists() && fs::read_dir(&args.dir)?.next().is_some() {

@@ -35,7 +35,7 @@ pub struct Args {
 }
 
 pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
-    let store = cli.open_store()?;
+    let store = cli.existing_store()?;
     let mut rows = Vec::new();
     for repo in store.repos()? {
         let revs = match revisions(&store, &repo) {
@@ -68,7 +68,7 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let store = cli.open_store()?;
+    let store = cli.existing_store()?;
     let mut out = Vec::new();
     for target in resolve(&store, &args.reference, args.lane.as_deref())? {
         let commit = store.commit(&target.commit)?;

@@ -32,7 +32,7 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let store = cli.open_store()?;
+    let store = cli.existing_store()?;
     let mut problems: Vec<String> = Vec::new();
     // The commits to check for completeness.
     let mut commits: Vec<(String, ObjectRef)> = Vec::new();

@@ -176,6 +176,18 @@ pub enum MountError {
         /// What to do about it.
         hint: &'static str,
     },
+    /// The path is not a TensorFS mount, so `unmount` leaves it alone.
+    #[error("{0} is not a TensorFS mount; `tensorfs unmount` only unmounts its own mounts", .mountpoint.display())]
+    NotOurs {
+        /// The path given.
+        mountpoint: PathBuf,
+    },
+    /// The mount point holds files, which the mount would hide.
+    #[error("mount point {0} is not empty; mount on an empty folder so nothing in it is hidden", .mountpoint.display())]
+    NotEmpty {
+        /// The mount point.
+        mountpoint: PathBuf,
+    },
     /// A background daemon failed before its mount was up.
     #[error("the mount daemon failed: {0}")]
     Daemon(String),
@@ -471,14 +483,17 @@ impl Drop for MountHandle {
     }
 }
 
-/// Unmounts the mount at `mountpoint`; `lazy` detaches it now and lets it go when its files
-/// close. Works on stale mounts.
+/// Unmounts the TensorFS mount at `mountpoint`; `lazy` detaches it now and lets it go when its
+/// files close. Works on stale mounts; refuses any other filesystem.
 ///
 /// # Errors
-/// Not a mount point, busy (without `lazy`), or not permitted.
+/// Not a TensorFS mount, busy (without `lazy`), or not permitted.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
     // Not canonicalized: resolving a stale mount point fails with ENOTCONN.
     let path = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    if !is_mounted(&path) {
+        return Err(MountError::NotOurs { mountpoint: path });
+    }
     let fail = |source: io::Error, hint| MountError::Unmount {
         mountpoint: path.clone(),
         source,
@@ -495,7 +510,6 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
                 Some(libc::EBUSY) => {
                     "; files in it are open: unmount lazily (--lazy) to detach it now"
                 }
-                Some(libc::EINVAL) => "; it is not a mount point",
                 _ => "",
             };
             return Err(fail(source, hint));
@@ -545,6 +559,11 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
     let canonical = fs::canonicalize(path).map_err(unusable)?;
     if is_mounted(&canonical) {
         return Err(MountError::AlreadyMounted {
+            mountpoint: canonical,
+        });
+    }
+    if fs::read_dir(&canonical).map_err(unusable)?.next().is_some() {
+        return Err(MountError::NotEmpty {
             mountpoint: canonical,
         });
     }
