@@ -89,6 +89,8 @@ pub struct ImportReport {
     pub lanes: Vec<LaneReport>,
     /// Source files left out, with why.
     pub skipped: Vec<(String, String)>,
+    /// What a loader may trip on; the import went on.
+    pub warnings: Vec<String>,
     /// Bytes of chunks written (before deduplication against the store).
     pub chunk_bytes: u64,
     /// Objects that were not in the store before.
@@ -142,9 +144,15 @@ pub fn import(
     check_name(name)?;
     let source = scan::scan(sources)?;
     let lanes = model::lanes(&source)?;
+    if lanes
+        .iter()
+        .all(|l| l.components.iter().all(|c| c.weights.is_empty()))
+    {
+        return Err(nothing_to_import(&sources[0], &source));
+    }
 
     // Each distinct component (name and weights files) is planned and written once.
-    let mut files: Vec<PathBuf> = Vec::new();
+    let mut files: Vec<(PathBuf, chunks::SourceStamp)> = Vec::new();
     let mut file_index: HashMap<PathBuf, usize> = HashMap::new();
     let mut planned: HashMap<(String, Vec<PathBuf>), usize> = HashMap::new();
     let mut plans: Vec<(chunks::Plan, std::ops::Range<usize>)> = Vec::new();
@@ -170,7 +178,7 @@ pub fn import(
                 .map(|t| {
                     let path = &c.weights[t.file];
                     let index = *file_index.entry(path.clone()).or_insert_with(|| {
-                        files.push(path.clone());
+                        files.push((path.clone(), c.stamps[t.file]));
                         files.len() - 1
                     });
                     (index, t.offset)
@@ -193,13 +201,24 @@ pub fn import(
     let mut file_refs: HashMap<PathBuf, ObjectRef> = HashMap::new();
     let mut reports = Vec::new();
     let mut trees = Vec::new();
-    let mut skipped = Vec::new();
+    // Lanes share most files: say each skipped file and warning once.
+    let mut skipped: BTreeMap<String, String> = source
+        .skipped
+        .iter()
+        .map(|p| (p.clone(), "neither a file nor a folder".to_owned()))
+        .collect();
+    let mut warnings: Vec<String> = Vec::new();
     for lane in &lanes {
-        skipped.extend(
-            lane.skipped
-                .iter()
-                .map(|(p, why)| (p.clone(), why.to_string())),
-        );
+        for (path, why) in &lane.skipped {
+            skipped
+                .entry(path.clone())
+                .or_insert_with(|| why.to_string());
+        }
+        for warning in &lane.warnings {
+            if !warnings.contains(warning) {
+                warnings.push(warning.clone());
+            }
+        }
         let mut header = Header {
             format: HEADER_FORMAT.to_owned(),
             chunks: Vec::new(),
@@ -316,10 +335,39 @@ pub fn import(
     Ok(ImportReport {
         name: name.to_owned(),
         lanes: reports,
-        skipped,
+        skipped: skipped.into_iter().collect(),
+        warnings,
         chunk_bytes: total,
         new_objects,
     })
+}
+
+/// The refusal of a source without safetensors weights, saying what it has instead.
+fn nothing_to_import(path: &Path, source: &scan::Source) -> ImportError {
+    let foreign: Vec<&str> = source
+        .files
+        .keys()
+        .filter(|p| scan::is_foreign_weights(p))
+        .map(String::as_str)
+        .take(3)
+        .collect();
+    let nested = source
+        .files
+        .keys()
+        .find(|p| p.contains('/') && p.ends_with(".safetensors"));
+    let mut why = "no .safetensors weights to import".to_owned();
+    if !foreign.is_empty() {
+        why.push_str(&format!(
+            "; it has weights in other formats ({}): convert them to safetensors first",
+            foreign.join(", ")
+        ));
+    }
+    if let Some(nested) = nested {
+        why.push_str(&format!(
+            "; {nested} is in a subfolder: import the folder that holds the model"
+        ));
+    }
+    ImportError::source(path, why)
 }
 
 /// The header's file name in the tree: `model.cozytensors`, unless a repo file has it.

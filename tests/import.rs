@@ -26,6 +26,7 @@ fn refused(files: &[(&str, Vec<u8>)], file: &str, problem: &str) {
     let store = seeded_store(dir.path());
     let before = snapshot(&store);
     let src = dir.path().join("src");
+    fs::create_dir_all(&src).unwrap();
     write_tree(&src, files);
     let err = fails(
         &store,
@@ -601,5 +602,71 @@ fn output_to_a_closed_pipe_ends_quietly() {
         Some(libc::SIGPIPE),
         "{:?} {stderr}",
         out.status
+    );
+}
+
+#[test]
+fn a_source_without_safetensors_weights_is_refused_saying_what_it_has() {
+    refused(&[], "src", "no .safetensors weights");
+    refused(
+        &[
+            ("config.json", b"{}".to_vec()),
+            ("pytorch_model.bin", b"pickle".to_vec()),
+        ],
+        "src",
+        "pytorch_model.bin",
+    );
+    refused(
+        &[
+            ("snapshots/abc/model.safetensors", shard("a", 1)),
+            ("refs/main", b"abc".to_vec()),
+        ],
+        "src",
+        "snapshots/abc/model.safetensors is in a subfolder",
+    );
+}
+
+#[test]
+fn a_pipeline_listing_a_missing_component_folder_is_refused() {
+    let index = br#"{"_class_name":"StableDiffusionPipeline","_diffusers_version":"0.30.0","controlnet":["diffusers","ControlNetModel"],"unet":["diffusers","UNet2DConditionModel"],"safety_checker":[null,null]}"#;
+    refused(
+        &[
+            ("model_index.json", index.to_vec()),
+            ("unet/config.json", b"{}".to_vec()),
+            ("unet/diffusion_pytorch_model.safetensors", shard("w", 1)),
+        ],
+        "model_index.json",
+        "no controlnet/ folder",
+    );
+}
+
+#[test]
+fn special_files_are_skipped_with_a_message_and_missing_configs_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let index = br#"{"_class_name":"StableDiffusionPipeline","_diffusers_version":"0.30.0","unet":["diffusers","UNet2DConditionModel"]}"#;
+    write_tree(
+        &src,
+        &[
+            ("model_index.json", index.to_vec()),
+            ("unet/diffusion_pytorch_model.safetensors", shard("w", 1)),
+        ],
+    );
+    let fifo = std::ffi::CString::new(src.join("pipe").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let out = run(
+        &dir.path().join("store"),
+        &["import", src.to_str().unwrap(), "--name", "local/p"],
+    );
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("skipped pipe: neither a file nor a folder"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("warning: unet/ has no config file"),
+        "{stderr}"
     );
 }

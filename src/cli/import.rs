@@ -82,6 +82,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         for (path, why) in &report.skipped {
             eprintln!("tensorfs: skipped {path}: {why}");
         }
+        for warning in &report.warnings {
+            eprintln!("tensorfs: warning: {warning}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -15,11 +15,11 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::path::PathBuf;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-
-use memmap2::Mmap;
+use std::time::SystemTime;
 
 use super::ImportError;
 use crate::format::Location;
@@ -164,50 +164,56 @@ pub(crate) fn jobs(plan: &Plan, sources: &[(usize, u64)]) -> Vec<ChunkJob> {
     jobs
 }
 
+/// Bytes read from a source at a time.
+const READ_BYTES: usize = 8 << 20;
+
 /// Writes `jobs` (chunks of source files `files`) as staged objects, in parallel over
 /// `threads` workers; `progress` gets each chunk's byte count as it completes.
 ///
+/// Sources are read with `pread`, not mapped: a source truncated or rewritten during the import
+/// then gives a short read or changed metadata, which are refused, where a mapping would fault.
+///
 /// # Errors
-/// A source cannot be mapped or changed size, or the store cannot be written.
+/// A source cannot be read or changed while it was read, or the store cannot be written.
 pub(crate) fn write(
     store: &Store,
-    files: &[PathBuf],
+    files: &[(PathBuf, SourceStamp)],
     jobs: &[ChunkJob],
     threads: usize,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Vec<Staged>, ImportError> {
-    let maps = files
+    let changed = |path: &Path| ImportError::source(path, "the file changed while it was imported");
+    let opened = files
         .iter()
-        .map(|path| {
+        .map(|(path, read)| {
             let file = File::open(path)
                 .map_err(|e| ImportError::source(path, format!("cannot open: {e}")))?;
-            // SAFETY: the map is read-only; a source truncated while mapped would fault, so
-            // each read is checked against the length seen at validation (below).
-            unsafe { Mmap::map(&file) }
-                .map_err(|e| ImportError::source(path, format!("cannot map: {e}")))
+            if stamp(&file, path)? != *read {
+                return Err(changed(path));
+            }
+            Ok(file)
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    for map in &maps {
-        // Only a hint for the kernel's readahead; the copy is correct without it.
-        let _ = map.advise(memmap2::Advice::Sequential);
-    }
+        .collect::<Result<Vec<_>, ImportError>>()?;
     let next = AtomicU64::new(0);
     let results: Mutex<Vec<Option<Result<Staged, ImportError>>>> =
         Mutex::new((0..jobs.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1).min(jobs.len().max(1)) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                let Some(job) = jobs.get(i) else { break };
-                let result = write_one(store, files, &maps, job);
-                if result.is_ok() {
-                    progress(job.length);
-                }
-                let failed = result.is_err();
-                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
-                if failed {
-                    // Stop handing out work: the import fails anyway.
-                    next.store(u64::MAX / 2, Ordering::Relaxed);
+            scope.spawn(|| {
+                let mut buf = vec![0u8; READ_BYTES];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(job) = jobs.get(i) else { break };
+                    let result = write_one(store, files, &opened, job, &mut buf);
+                    if result.is_ok() {
+                        progress(job.length);
+                    }
+                    let failed = result.is_err();
+                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
+                    if failed {
+                        // Stop handing out work: the import fails anyway.
+                        next.store(u64::MAX / 2, Ordering::Relaxed);
+                    }
                 }
             });
         }
@@ -220,37 +226,66 @@ pub(crate) fn write(
             None => {}
         }
     }
+    for (file, (path, read)) in opened.iter().zip(files) {
+        if stamp(file, path)? != *read {
+            return Err(changed(path));
+        }
+    }
     Ok(staged)
+}
+
+/// A source's length and modification time, to tell that it did not change since its header
+/// was read.
+pub(crate) type SourceStamp = (u64, SystemTime);
+
+/// The [`SourceStamp`] of an open source.
+pub(crate) fn stamp(file: &File, path: &Path) -> Result<SourceStamp, ImportError> {
+    let meta = file
+        .metadata()
+        .map_err(|e| ImportError::source(path, format!("cannot stat: {e}")))?;
+    let modified = meta
+        .modified()
+        .map_err(|e| ImportError::source(path, format!("cannot stat: {e}")))?;
+    Ok((meta.len(), modified))
 }
 
 fn write_one(
     store: &Store,
-    files: &[PathBuf],
-    maps: &[Mmap],
+    files: &[(PathBuf, SourceStamp)],
+    opened: &[File],
     job: &ChunkJob,
+    buf: &mut [u8],
 ) -> Result<Staged, ImportError> {
     let mut writer = store.writer()?;
+    let store_io = |e| {
+        ImportError::Store(crate::store::StoreError::Io {
+            op: "write",
+            path: store.root().join("tmp"),
+            source: e,
+        })
+    };
     let mut at = 0;
     for piece in &job.pieces {
-        let map = &maps[piece.file];
-        let end = piece.file_offset + piece.length;
-        if end > map.len() as u64 {
-            return Err(ImportError::source(
-                &files[piece.file],
-                "the file shrank while it was imported",
-            ));
-        }
-        let io = |e| {
-            ImportError::Store(crate::store::StoreError::Io {
-                op: "write",
-                path: store.root().join("tmp"),
-                source: e,
-            })
-        };
-        writer.write_zeros(piece.chunk_offset - at).map_err(io)?;
+        let file = &opened[piece.file];
         writer
-            .write_all(&map[piece.file_offset as usize..end as usize])
-            .map_err(io)?;
+            .write_zeros(piece.chunk_offset - at)
+            .map_err(store_io)?;
+        let mut done = 0;
+        while done < piece.length {
+            let n = (piece.length - done).min(buf.len() as u64) as usize;
+            file.read_exact_at(&mut buf[..n], piece.file_offset + done)
+                .map_err(|e| {
+                    let why = match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof => {
+                            "the file shrank while it was imported".to_owned()
+                        }
+                        _ => format!("cannot read: {e}"),
+                    };
+                    ImportError::source(&files[piece.file].0, why)
+                })?;
+            writer.write_all(&buf[..n]).map_err(store_io)?;
+            done += n as u64;
+        }
         at = piece.chunk_offset + piece.length;
     }
     debug_assert_eq!(at, job.length);

@@ -10,6 +10,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::chunks::SourceStamp;
 use super::scan::{self, Kind, Source, Weights};
 use super::ImportError;
 use crate::format::json::{self, Json};
@@ -42,6 +43,8 @@ pub(crate) struct LaneModel {
     pub file_metadata: BTreeMap<String, Vec<(String, String)>>,
     /// Files left out, with why (shown to the user).
     pub skipped: Vec<(String, &'static str)>,
+    /// What a loader may trip on (shown to the user; the import goes on).
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -55,6 +58,8 @@ pub(crate) struct ComponentModel {
     pub tensors: Vec<SourceTensor>,
     /// The weights files the tensors come from (identifies the component's bytes).
     pub weights: Vec<PathBuf>,
+    /// Each weights file's length and mtime when its header was read.
+    pub stamps: Vec<SourceStamp>,
 }
 
 /// A tensor's place in a source file.
@@ -125,6 +130,7 @@ fn lane(source: &Source, variant: Option<&str>) -> Result<LaneModel, ImportError
         recipe: SourceFiles::default(),
         file_metadata: BTreeMap::new(),
         skipped: Vec::new(),
+        warnings: Vec::new(),
     };
     // Component folder ("" for the root) → its files; the rest are repo files.
     let mut folders: Vec<(String, String, Folder)> = Vec::new();
@@ -220,6 +226,25 @@ fn lane(source: &Source, variant: Option<&str>) -> Result<LaneModel, ImportError
                     .iter()
                     .find(|(n, _)| *n == name)
                     .map(|(_, c)| c.clone());
+                // A listed class with no folder is a pipeline Diffusers cannot load.
+                if let Some(class) = class.as_ref().filter(|c| !c.library.is_empty()) {
+                    if folder.files.is_empty() {
+                        return Err(ImportError::source(
+                            path,
+                            format!(
+                                "lists component {name:?} ({} {}), but there is no {name}/ folder",
+                                class.library, class.name
+                            ),
+                        ));
+                    }
+                    if !CONFIGS.iter().any(|f| folder.files.contains_key(*f)) {
+                        model.warnings.push(format!(
+                            "{name}/ has no config file ({}); Diffusers cannot load it as {}",
+                            CONFIGS.join(", "),
+                            class.name
+                        ));
+                    }
+                }
                 folders.push((name.clone(), prefix, folder));
                 if let Some(class) = class {
                     model.components.push(ComponentModel::empty(&name, class));
@@ -292,6 +317,7 @@ impl ComponentModel {
             assets: BTreeMap::new(),
             tensors: Vec::new(),
             weights: Vec::new(),
+            stamps: Vec::new(),
         }
     }
 }
@@ -380,7 +406,7 @@ fn component(
     c.class = config_class(config_name.unwrap_or(""), &c.config);
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (rel, path) in weights {
-        let (header, text) = read_header(&path)?;
+        let (header, text, stamp) = read_header(&path)?;
         let file = c.weights.len();
         for t in &header.tensors {
             if let Some(other) = seen.insert(t.name.clone(), file) {
@@ -408,6 +434,7 @@ fn component(
             }
         }
         c.weights.push(path);
+        c.stamps.push(stamp);
         model.recipe.0.insert(
             format!("{prefix}{rel}"),
             SourceFile::Safetensors {
@@ -420,13 +447,11 @@ fn component(
 }
 
 /// Reads and validates a safetensors file's header; returns it and its exact JSON text.
-fn read_header(path: &Path) -> Result<(SafetensorsHeader, String), ImportError> {
+fn read_header(path: &Path) -> Result<(SafetensorsHeader, String, SourceStamp), ImportError> {
     let bad = |why: String| ImportError::source(path, why);
     let file = File::open(path).map_err(|e| bad(format!("cannot open: {e}")))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| bad(format!("cannot stat: {e}")))?
-        .len();
+    let stamp = super::chunks::stamp(&file, path)?;
+    let file_len = stamp.0;
     let mut first = [0u8; 8];
     let got = read_prefix(&file, &mut first).map_err(|e| bad(format!("cannot read: {e}")))?;
     let n = st::header_len(&first[..got], file_len).map_err(|e| bad(e.to_string()))?;
@@ -435,7 +460,7 @@ fn read_header(path: &Path) -> Result<(SafetensorsHeader, String), ImportError> 
         .map_err(|e| bad(format!("cannot read the header: {e}")))?;
     let header = st::parse_header(&json, file_len).map_err(|e| bad(e.to_string()))?;
     let text = String::from_utf8(json).map_err(|_| bad("the header is not UTF-8".into()))?;
-    Ok((header, text))
+    Ok((header, text, stamp))
 }
 
 fn read_prefix(file: &File, buf: &mut [u8; 8]) -> std::io::Result<usize> {
@@ -480,7 +505,7 @@ fn check_index(
         let Some((_, shard_path)) = shards.iter().find(|(rel, _)| rel == shard) else {
             return Err(bad(format!("names shard {shard:?}, which is missing")));
         };
-        let (header, _) = read_header(shard_path)?;
+        let (header, _, _) = read_header(shard_path)?;
         let held: BTreeSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
         if let Some(missing) = tensors.iter().find(|t| !held.contains(**t)) {
             return Err(bad(format!(

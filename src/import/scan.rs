@@ -24,6 +24,8 @@ pub(crate) enum Kind {
 pub(crate) struct Source {
     pub kind: Kind,
     pub files: BTreeMap<String, PathBuf>,
+    /// Entries that are neither files nor folders (FIFOs, sockets, devices), left out.
+    pub skipped: Vec<String>,
 }
 
 /// Folders never read: version control and download caches.
@@ -44,14 +46,16 @@ pub(crate) fn scan(sources: &[PathBuf]) -> Result<Source, ImportError> {
     match sources {
         [] => Err(ImportError::Usage("no source given".into())),
         [dir] if dir.is_dir() => {
-            let mut files = BTreeMap::new();
-            walk(dir, "", &mut files, 0)?;
-            let kind = if files.contains_key("model_index.json") {
-                Kind::Diffusers
-            } else {
-                Kind::Transformers
+            let mut source = Source {
+                kind: Kind::Transformers,
+                files: BTreeMap::new(),
+                skipped: Vec::new(),
             };
-            Ok(Source { kind, files })
+            walk(dir, "", &mut source, 0)?;
+            if source.files.contains_key("model_index.json") {
+                source.kind = Kind::Diffusers;
+            }
+            Ok(source)
         }
         many => {
             let mut files = BTreeMap::new();
@@ -76,6 +80,7 @@ pub(crate) fn scan(sources: &[PathBuf]) -> Result<Source, ImportError> {
             Ok(Source {
                 kind: Kind::Files,
                 files,
+                skipped: Vec::new(),
             })
         }
     }
@@ -91,12 +96,9 @@ fn check_name(path: &Path, name: &str) -> Result<(), ImportError> {
     Ok(())
 }
 
-fn walk(
-    dir: &Path,
-    prefix: &str,
-    files: &mut BTreeMap<String, PathBuf>,
-    depth: usize,
-) -> Result<(), ImportError> {
+/// Lists `dir` into `source`, following symlinks (Hugging Face cache snapshots link every file
+/// to a blob elsewhere, and folders may be linked too).
+fn walk(dir: &Path, prefix: &str, source: &mut Source, depth: usize) -> Result<(), ImportError> {
     if depth > 32 {
         return Err(ImportError::source(
             dir,
@@ -112,7 +114,6 @@ fn walk(
             .file_name()
             .into_string()
             .map_err(|_| ImportError::source(&path, "the file name is not UTF-8"))?;
-        // Follows symlinks: Hugging Face cache snapshots link every file to a blob.
         let meta = fs::metadata(&path)
             .map_err(|e| ImportError::source(&path, format!("cannot read: {e}")))?;
         if meta.is_dir() && SKIPPED_DIRS.contains(&name.as_str()) {
@@ -121,9 +122,11 @@ fn walk(
         check_name(&path, &name)?;
         let rel = format!("{prefix}{name}");
         if meta.is_dir() {
-            walk(&path, &format!("{rel}/"), files, depth + 1)?;
+            walk(&path, &format!("{rel}/"), source, depth + 1)?;
         } else if meta.is_file() {
-            files.insert(rel, path);
+            source.files.insert(rel, path);
+        } else {
+            source.skipped.push(rel);
         }
     }
     Ok(())
