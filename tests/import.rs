@@ -670,3 +670,48 @@ fn special_files_are_skipped_with_a_message_and_missing_configs_warned() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_failed_export_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    let store = dir.path().join("store");
+    ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
+    );
+    // Remove the largest blob: a chunk of model.safetensors.
+    let mut blobs: Vec<_> = walk_files(&store.join("blobs"));
+    blobs.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    fs::remove_file(blobs.last().unwrap()).unwrap();
+    for existing in [false, true] {
+        let out = dir.path().join(format!("out-{existing}"));
+        if existing {
+            fs::create_dir(&out).unwrap();
+        }
+        let err = fails(&store, &["export", "local/tiny", out.to_str().unwrap()]);
+        assert!(err.contains("model.safetensors"), "{err}");
+        assert_eq!(out.exists(), existing, "{err}");
+        if existing {
+            assert_eq!(
+                fs::read_dir(&out).unwrap().count(),
+                0,
+                "the folder is left empty"
+            );
+        }
+    }
+}
+
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

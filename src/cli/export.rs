@@ -30,16 +30,45 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let store = cli.existing_store()?;
     let (target, commit) = resolve_one(&store, &args.reference, args.lane.as_deref())?;
     let view = LaneView::build(&commit.id, &commit.tree, &commit.header)?;
-    if args.dir.exists() && fs::read_dir(&args.dir)?.next().is_some() {
-        bail!(
-            "{} is not empty; export writes into a new or empty folder",
-            args.dir.display()
-        );
+    let existed = args.dir.exists();
+    if existed {
+        let entries =
+            fs::read_dir(&args.dir).with_context(|| format!("reading {}", args.dir.display()))?;
+        if entries.count() > 0 {
+            bail!(
+                "{} is not empty; export writes into a new or empty folder",
+                args.dir.display()
+            );
+        }
     }
     fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let reader = BlobReader::new(store, BlobReaderConfig::default());
     for file in &view.files {
-        write_file(&reader, file, &args.dir).with_context(|| format!("exporting {}", file.path))?;
+        if let Err(e) = write_file(&reader, file, &args.dir) {
+            // Leave no partial export behind: the folder was new or empty.
+            let cleanup = match existed {
+                true => fs::read_dir(&args.dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .try_for_each(|entry| {
+                        let path = entry.path();
+                        if path.is_dir() {
+                            fs::remove_dir_all(path)
+                        } else {
+                            fs::remove_file(path)
+                        }
+                    }),
+                false => fs::remove_dir_all(&args.dir),
+            };
+            if let Err(c) = cleanup {
+                eprintln!(
+                    "tensorfs: could not remove the partial export in {}: {c}",
+                    args.dir.display()
+                );
+            }
+            return Err(e.context(format!("exporting {}", file.path)));
+        }
     }
     println!(
         "exported {} lane {} ({} files) into {}",

@@ -94,18 +94,22 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     for (t, c, view) in &out {
         let h = &c.header;
-        println!(
-            "{} lane {} (commit {}, header {})",
-            t.repo.as_deref().unwrap_or("-"),
-            t.lane,
-            c.id.id(),
-            c.header_ref.id()
-        );
+        match &t.repo {
+            Some(repo) => println!(
+                "{repo} lane {} (commit {}, header {})",
+                t.lane,
+                c.id.id(),
+                c.header_ref.id()
+            ),
+            None => println!(
+                "commit {} lane {} (header {})",
+                c.id.id(),
+                t.lane,
+                c.header_ref.id()
+            ),
+        }
         if let Some(p) = &h.pipeline {
-            println!(
-                "  pipeline {} {} {}",
-                p.class.library, p.class.version, p.class.name
-            );
+            println!("  pipeline {}", class_text(&p.class));
         }
         for comp in &h.components {
             let mut kinds: BTreeMap<String, (usize, u64)> = BTreeMap::new();
@@ -123,11 +127,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             }
             let total: u64 = kinds.values().map(|k| k.1).sum();
             println!(
-                "  {}: {} {} {} — {} tensors, {}, {} assets",
+                "  {}: {} — {} tensors, {}, {} assets",
                 comp.name,
-                comp.class.library,
-                comp.class.version,
-                comp.class.name,
+                class_text(&comp.class),
                 comp.tensors.len(),
                 human(total),
                 comp.assets.len()
@@ -183,6 +185,15 @@ fn header_json(h: &Header) -> serde_json::Value {
         "components": components,
         "metadata_keys": h.metadata.keys().collect::<Vec<_>>(),
     })
+}
+
+/// `library version Class`, or `unknown class`.
+fn class_text(class: &crate::format::ClassRef) -> String {
+    match (class.library.as_str(), class.version.as_str()) {
+        ("", _) => "unknown class".into(),
+        (library, "") => format!("{library} {}", class.name),
+        (library, version) => format!("{library} {version} {}", class.name),
+    }
 }
 
 /// A header value as JSON for display: byte strings as hex text.

@@ -33,7 +33,12 @@ pub fn resolve(store: &Store, reference: &str, lane: Option<&str>) -> anyhow::Re
     let targets = match repo_name {
         None => {
             let commit = commit_by_hex(store, revision)?;
-            let c = store.commit(&commit)?;
+            let c = store.commit(&commit).with_context(|| {
+                format!(
+                    "{} is not a commit (a cozytensors.tree/1 object) of this store",
+                    commit.id()
+                )
+            })?;
             vec![Target {
                 repo: None,
                 lane: crate::revisions::lane_of(&c.tree),
