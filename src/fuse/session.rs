@@ -585,7 +585,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_missing_or_file_mountpoint_is_refused() {
+    fn a_missing_file_or_non_empty_mountpoint_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         fs::write(&file, b"x").unwrap();
@@ -595,9 +595,15 @@ mod tests {
                 "{path:?}"
             );
         }
+        assert!(matches!(
+            check_mountpoint(dir.path()),
+            Err(MountError::NotEmpty { .. })
+        ));
+        let empty = dir.path().join("empty");
+        fs::create_dir(&empty).unwrap();
         assert_eq!(
-            check_mountpoint(dir.path()).unwrap(),
-            fs::canonicalize(dir.path()).unwrap()
+            check_mountpoint(&empty).unwrap(),
+            fs::canonicalize(&empty).unwrap()
         );
     }
 }
