@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 pub mod cli;
+pub mod decode;
 pub mod format;
 pub mod fs;
 pub mod fuse;

@@ -1,0 +1,153 @@
+//! Element formats (spec §5) to f32, exactly. The 8-bit formats are table lookups.
+
+use std::sync::LazyLock;
+
+/// `F8_E4M3` (OCP "fn"): sign bit 7, exponent bits 3–6 (bias 7), mantissa bits 0–2;
+/// `e = 0`: `m × 2^−9`; else `(1 + m/8) × 2^(e−7)`; `S.1111.111` is NaN; no infinities.
+pub fn e4m3(b: u8) -> f32 {
+    E4M3[b as usize]
+}
+
+/// `F8_E5M2`: sign bit 7, exponent bits 2–6 (bias 15), mantissa bits 0–1; `e = 0`:
+/// `m × 2^−16`; `e = 31`: infinity if `m = 0`, else NaN; else `(1 + m/4) × 2^(e−15)`.
+pub fn e5m2(b: u8) -> f32 {
+    E5M2[b as usize]
+}
+
+/// `F8_E8M0`: `2^(b−127)` for `b < 255`; 255 is NaN.
+pub fn e8m0(b: u8) -> f32 {
+    E8M0[b as usize]
+}
+
+/// UE4M3 (ggml's unsigned E4M3 inside structs): bit 7 ignored, exponent bits 3–6 (bias 7),
+/// mantissa bits 0–2, `0x7F` is zero, no NaN.
+pub fn ue4m3(b: u8) -> f32 {
+    UE4M3[b as usize]
+}
+
+/// The 16 E2M1 (`F4`) values by code: sign bit 3, bits 0–2 index
+/// `0, 0.5, 1, 1.5, 2, 3, 4, 6`.
+pub const E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// An IEEE binary16 to f32 (exact).
+#[inline]
+pub fn f16(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// A bfloat16 to f32 (exact).
+#[inline]
+pub fn bf16(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `(1 + m/2^mbits) × 2^(e−bias)` or the subnormal `m × 2^(1−bias−mbits)`, exactly.
+fn minifloat(e: u32, m: u32, bias: i32, mbits: u32) -> f32 {
+    let scale = |p: i32| (p as f64).exp2();
+    let v = if e == 0 {
+        m as f64 * scale(1 - bias - mbits as i32)
+    } else {
+        (1.0 + m as f64 / (1u32 << mbits) as f64) * scale(e as i32 - bias)
+    };
+    v as f32
+}
+
+fn table(f: impl Fn(u8) -> f32) -> [f32; 256] {
+    std::array::from_fn(|b| f(b as u8))
+}
+
+fn signed(b: u8, magnitude: f32) -> f32 {
+    if b & 0x80 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+static E4M3: LazyLock<[f32; 256]> = LazyLock::new(|| {
+    table(|b| {
+        let (e, m) = ((b >> 3) as u32 & 15, b as u32 & 7);
+        if e == 15 && m == 7 {
+            return f32::NAN;
+        }
+        signed(b, minifloat(e, m, 7, 3))
+    })
+});
+
+static E5M2: LazyLock<[f32; 256]> = LazyLock::new(|| {
+    table(|b| {
+        let (e, m) = ((b >> 2) as u32 & 31, b as u32 & 3);
+        match (e, m) {
+            (31, 0) => signed(b, f32::INFINITY),
+            (31, _) => f32::NAN,
+            _ => signed(b, minifloat(e, m, 15, 2)),
+        }
+    })
+});
+
+static E8M0: LazyLock<[f32; 256]> = LazyLock::new(|| {
+    table(|b| match b {
+        255 => f32::NAN,
+        b => ((b as i32 - 127) as f64).exp2() as f32,
+    })
+});
+
+static UE4M3: LazyLock<[f32; 256]> = LazyLock::new(|| {
+    table(|b| match b & 0x7F {
+        0x7F => 0.0,
+        low => minifloat((low >> 3) as u32, low as u32 & 7, 7, 3),
+    })
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_matches_the_spec_at_its_edges() {
+        assert_eq!(e4m3(0x00), 0.0);
+        assert_eq!(e4m3(0x80).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(e4m3(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3(0x08), 2f32.powi(-6));
+        assert_eq!(e4m3(0x7E), 448.0);
+        assert!(e4m3(0x7F).is_nan() && e4m3(0xFF).is_nan());
+        assert_eq!(e4m3(0x38), 1.0);
+    }
+
+    #[test]
+    fn e5m2_has_infinities_and_nans() {
+        assert_eq!(e5m2(0x7C), f32::INFINITY);
+        assert_eq!(e5m2(0xFC), f32::NEG_INFINITY);
+        assert!(e5m2(0x7D).is_nan());
+        assert_eq!(e5m2(0x7B), 57344.0);
+        assert_eq!(e5m2(0x01), 2f32.powi(-16));
+        assert_eq!(e5m2(0x3C), 1.0);
+    }
+
+    #[test]
+    fn e8m0_spans_two_to_the_minus_127_to_127() {
+        assert_eq!(e8m0(127), 1.0);
+        assert_eq!(e8m0(0), 2f32.powi(-127));
+        assert_eq!(e8m0(254), 2f32.powi(127));
+        assert!(e8m0(255).is_nan());
+    }
+
+    #[test]
+    fn ue4m3_ignores_the_sign_and_reads_0x7f_as_zero() {
+        assert_eq!(ue4m3(0x38), 1.0);
+        assert_eq!(ue4m3(0xB8), 1.0);
+        assert_eq!(ue4m3(0x7F), 0.0);
+        assert_eq!(ue4m3(0xFF), 0.0);
+        assert_eq!(ue4m3(0x7E), 448.0);
+    }
+
+    #[test]
+    fn half_formats_convert_exactly() {
+        assert_eq!(f16(0x3C00), 1.0);
+        assert_eq!(f16(0x0001), 2f32.powi(-24));
+        assert_eq!(bf16(0x3F80), 1.0);
+        assert_eq!(bf16(0x0001), f32::from_bits(0x0001_0000));
+    }
+}
