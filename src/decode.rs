@@ -96,6 +96,45 @@ impl Logical {
     }
 }
 
+impl Logical {
+    /// Writes every value of `values` rounded as [`Logical::store`] does, in order, into
+    /// `out` (exactly `values.len() × size` bytes). Written as straight loops over slices so
+    /// the compiler vectorizes them; F16 goes through `half`'s slice conversion (F16C where the
+    /// CPU has it), then NaNs are made canonical.
+    pub fn store_all(self, values: &[f32], out: &mut [u8]) {
+        debug_assert_eq!(out.len(), values.len() * self.size());
+        match self {
+            Logical::F32 => {
+                for (v, o) in values.iter().zip(out.chunks_exact_mut(4)) {
+                    let bits = if v.is_nan() { 0x7FC0_0000 } else { v.to_bits() };
+                    o.copy_from_slice(&bits.to_le_bytes());
+                }
+            }
+            Logical::BF16 => {
+                for (v, o) in values.iter().zip(out.chunks_exact_mut(2)) {
+                    let b = v.to_bits();
+                    // Round to nearest, ties to even, on the bits; NaN made canonical.
+                    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+                    let bits = if v.is_nan() { 0x7FC0 } else { rounded };
+                    o.copy_from_slice(&bits.to_le_bytes());
+                }
+            }
+            Logical::F16 => {
+                use half::slice::HalfFloatSliceExt;
+                let mut halves = [half::f16::ZERO; 256];
+                for (vs, os) in values.chunks(256).zip(out.chunks_mut(512)) {
+                    let halves = &mut halves[..vs.len()];
+                    halves.convert_from_f32_slice(vs);
+                    for (h, o) in halves.iter().zip(os.chunks_exact_mut(2)) {
+                        let bits = if h.is_nan() { 0x7E00 } else { h.to_bits() };
+                        o.copy_from_slice(&bits.to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Why a tensor cannot be decoded. The caller adds the tensor's name and file.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum DecodeError {

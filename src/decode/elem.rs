@@ -8,6 +8,21 @@ pub fn e4m3(b: u8) -> f32 {
     E4M3[b as usize]
 }
 
+/// The [`e4m3`] values of all 256 bytes, for loops that look up many.
+pub fn e4m3_table() -> &'static [f32; 256] {
+    &E4M3
+}
+
+/// The [`e5m2`] values of all 256 bytes.
+pub fn e5m2_table() -> &'static [f32; 256] {
+    &E5M2
+}
+
+/// The [`e8m0`] values of all 256 bytes.
+pub fn e8m0_table() -> &'static [f32; 256] {
+    &E8M0
+}
+
 /// `F8_E5M2`: sign bit 7, exponent bits 2–6 (bias 15), mantissa bits 0–1; `e = 0`:
 /// `m × 2^−16`; `e = 31`: infinity if `m = 0`, else NaN; else `(1 + m/4) × 2^(e−15)`.
 pub fn e5m2(b: u8) -> f32 {

@@ -25,17 +25,6 @@ enum Weight {
     E5M2,
 }
 
-impl Weight {
-    #[inline]
-    fn value(self, b: u8) -> f32 {
-        match self {
-            Weight::I8 => b as i8 as f32,
-            Weight::E4M3 => elem::e4m3(b),
-            Weight::E5M2 => elem::e5m2(b),
-        }
-    }
-}
-
 struct Scaled<'a> {
     weight: &'a [u8],
     kind: Weight,
@@ -48,25 +37,41 @@ struct Scaled<'a> {
 impl Decoder for Scaled<'_> {
     fn rows(&self, first: u64, out: &mut [u8]) -> DecodeResult<()> {
         let cols = self.view.cols as usize;
-        let size = self.logical.size();
-        for (r, row_out) in out.chunks_mut(cols * size).enumerate() {
+        let mut values = vec![0f32; cols];
+        for (r, row_out) in out.chunks_mut(cols * self.logical.size()).enumerate() {
             let i = first + r as u64;
             let row = &self.weight[i as usize * cols..(i as usize + 1) * cols];
             match self.grid {
-                Grid::Column => {
-                    for (j, (&b, o)) in row.iter().zip(row_out.chunks_mut(size)).enumerate() {
-                        self.logical.store(self.kind.value(b) * self.scales[j], o);
-                    }
-                }
+                Grid::Column => weigh(self.kind, row, &mut values, |j| self.scales[j]),
                 _ => {
                     let s = self.scales[self.grid.index(i, 0) as usize];
-                    for (&b, o) in row.iter().zip(row_out.chunks_mut(size)) {
-                        self.logical.store(self.kind.value(b) * s, o);
-                    }
+                    weigh(self.kind, row, &mut values, |_| s)
                 }
             }
+            self.logical.store_all(&values, row_out);
         }
         Ok(())
+    }
+}
+
+/// `values[j] = weight[j] × scale(j)`, one loop per weight kind so each vectorizes.
+#[inline]
+fn weigh(kind: Weight, row: &[u8], values: &mut [f32], scale: impl Fn(usize) -> f32) {
+    match kind {
+        Weight::I8 => {
+            for (j, (v, &b)) in values.iter_mut().zip(row).enumerate() {
+                *v = b as i8 as f32 * scale(j);
+            }
+        }
+        Weight::E4M3 | Weight::E5M2 => {
+            let table = match kind {
+                Weight::E4M3 => elem::e4m3_table(),
+                _ => elem::e5m2_table(),
+            };
+            for (j, (v, &b)) in values.iter_mut().zip(row).enumerate() {
+                *v = table[b as usize] * scale(j);
+            }
+        }
     }
 }
 

@@ -63,3 +63,45 @@ fn views_multiply_leading_extents() {
     assert_eq!(View::of(&[2, 3, 4]), Some(View { rows: 6, cols: 4 }));
     assert_eq!(View::of(&[u64::MAX, 2]), None);
 }
+
+#[test]
+fn bulk_stores_equal_single_stores_on_every_kind_of_value() {
+    let mut values: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.5,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7F80_0001),
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        65504.0,
+        65520.0,
+        2f32.powi(-24),
+        2f32.powi(-25),
+        3.0 * 2f32.powi(-26),
+        1.0 + 2f32.powi(-8),
+        1.0 + 2f32.powi(-11),
+    ];
+    // And a spread of bit patterns.
+    values.extend((0..20_000u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761))));
+    for logical in [Logical::F32, Logical::BF16, Logical::F16] {
+        let size = logical.size();
+        let mut bulk = vec![0u8; values.len() * size];
+        logical.store_all(&values, &mut bulk);
+        for (i, v) in values.iter().enumerate() {
+            let mut one = [0u8; 4];
+            logical.store(*v, &mut one);
+            assert_eq!(
+                &bulk[i * size..(i + 1) * size],
+                &one[..size],
+                "{logical:?} {v:e} ({:#x})",
+                v.to_bits()
+            );
+        }
+    }
+}
