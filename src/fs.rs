@@ -52,11 +52,7 @@ pub const ROOT_INO: u64 = 1;
 
 pub use crate::revisions::{LATEST, NO_LANE as UNLABELLED_LANE};
 
-/// Extended attribute naming the commit (`sha256:<hex>`) of a lane folder or file.
-pub const XATTR_COMMIT: &str = "user.tensorfs.commit";
-
-/// Extended attribute naming the header object (`sha256:<hex>`) of a lane folder or file.
-pub const XATTR_HEADER: &str = "user.tensorfs.header";
+pub use crate::layout::attrs::{COMMIT as XATTR_COMMIT, HEADER as XATTR_HEADER};
 
 /// Settings of the namespace.
 #[derive(Clone, Debug)]

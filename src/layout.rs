@@ -15,6 +15,7 @@
 //! chunk objects through an [`ObjectSource`], which verifies each object before its first use.
 //! The `fs` layer (mount) and `export` both read through here, so they show the same bytes.
 
+pub mod attrs;
 mod canonical;
 mod plan;
 pub mod recipe;
@@ -119,6 +120,24 @@ impl Content {
     }
 }
 
+/// What a file of a lane folder is to the checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A repo file (README, LICENSE, images): of no component.
+    Repo,
+    /// `model_index.json`.
+    Pipeline,
+    /// A file of component `index` (of the header's components): its config, an asset, a shard
+    /// index, or a weights file holding the bytes of `tensors` (indices into its tensors, in the
+    /// file's order).
+    Component {
+        /// Index into the header's components.
+        index: usize,
+        /// The tensors a weights file holds; empty for other files.
+        tensors: Vec<u32>,
+    },
+}
+
 /// One file of a lane folder.
 #[derive(Clone, Debug)]
 pub struct LaneFile {
@@ -126,13 +145,23 @@ pub struct LaneFile {
     pub path: String,
     /// Where its bytes come from.
     pub content: Content,
+    /// What it is to the checkpoint.
+    pub owner: Owner,
 }
 
-/// The files of one commit's lane folder, sorted by path.
-#[derive(Clone, Debug, Default)]
+/// The files of one commit's lane folder, sorted by path, and the header they come from.
+#[derive(Clone, Debug)]
 pub struct LaneView {
     /// Files sorted by path; no path is another's folder.
     pub files: Vec<LaneFile>,
+    /// The commit.
+    pub commit: ObjectRef,
+    /// The header's object.
+    pub header_ref: ObjectRef,
+    /// The header.
+    pub header: Arc<Header>,
+    /// Each component's folder (`""` for the lane folder, else `"<name>/"`), in header order.
+    pub folders: Vec<String>,
 }
 
 impl LaneView {
@@ -147,24 +176,41 @@ impl LaneView {
     ) -> Result<LaneView, LayoutError> {
         let mut files = Files::new(commit);
         for (path, object) in tree.repo_files() {
-            files.add(path.to_owned(), Content::Object(*object), "a repo file")?;
+            files.add(
+                path.to_owned(),
+                Content::Object(*object),
+                Owner::Repo,
+                "a repo file",
+            )?;
         }
         let folders = canonical::folders(header);
-        for (component, folder) in header.components.iter().zip(&folders) {
+        for (index, (component, folder)) in header.components.iter().zip(&folders).enumerate() {
             for (name, object) in &component.assets {
+                let owner = Owner::Component {
+                    index,
+                    tensors: Vec::new(),
+                };
                 files.add(
                     format!("{folder}{name}"),
                     Content::Object(*object),
+                    owner,
                     "an asset",
                 )?;
             }
         }
         let chunks: Arc<[ObjectRef]> = header.chunks.clone().into();
         match recipe::SourceFiles::of(header).map_err(|why| files.invalid("source_files", why))? {
-            Some(source) => source.lay_out(header, &chunks, &mut files)?,
+            Some(source) => source.lay_out(header, &folders, &chunks, &mut files)?,
             None => canonical::lay_out(header, &folders, &chunks, &mut files)?,
         }
-        files.finish()
+        let files = files.finish()?;
+        Ok(LaneView {
+            files,
+            commit: *commit,
+            header_ref: *tree.header().1,
+            header: Arc::new(header.clone()),
+            folders,
+        })
     }
 
     /// The file at `path`.
@@ -179,7 +225,7 @@ impl LaneView {
 /// Files being gathered for a view; refuses collisions.
 pub(crate) struct Files {
     commit: String,
-    by_path: BTreeMap<String, (Content, &'static str)>,
+    by_path: BTreeMap<String, (Content, Owner, &'static str)>,
 }
 
 impl Files {
@@ -194,6 +240,7 @@ impl Files {
         &mut self,
         path: String,
         content: Content,
+        owner: Owner,
         what: &'static str,
     ) -> Result<(), LayoutError> {
         if !crate::format::names::is_path(&path) {
@@ -202,14 +249,14 @@ impl Files {
                 format!("{what} has a path that is not a relative path"),
             ));
         }
-        if let Some((_, other)) = self.by_path.get(&path) {
+        if let Some((_, _, other)) = self.by_path.get(&path) {
             return Err(LayoutError::Collision {
                 commit: self.commit.clone(),
                 why: format!("{other} and {what}"),
                 path,
             });
         }
-        self.by_path.insert(path, (content, what));
+        self.by_path.insert(path, (content, owner, what));
         Ok(())
     }
 
@@ -221,7 +268,7 @@ impl Files {
         }
     }
 
-    fn finish(self) -> Result<LaneView, LayoutError> {
+    fn finish(self) -> Result<Vec<LaneFile>, LayoutError> {
         // A file may not also be a folder of another file (spec §3).
         let mut folders = BTreeSet::new();
         for path in self.by_path.keys() {
@@ -238,12 +285,15 @@ impl Files {
                 why: "a file and a folder".into(),
             });
         }
-        let files = self
+        Ok(self
             .by_path
             .into_iter()
-            .map(|(path, (content, _))| LaneFile { path, content })
-            .collect();
-        Ok(LaneView { files })
+            .map(|(path, (content, owner, _))| LaneFile {
+                path,
+                content,
+                owner,
+            })
+            .collect())
     }
 }
 

@@ -97,3 +97,76 @@ fn unmount_leaves_other_filesystems_alone() {
     }
     assert_eq!(fs::read(mnt.join("data")).unwrap(), b"precious");
 }
+
+fn getxattr(path: &Path, name: &str) -> Result<String, i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings; a null buffer of size 0 asks for the size.
+    let size = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    if size < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    let mut buf = vec![0u8; size as usize];
+    // SAFETY: a buffer of `size` bytes we own.
+    let got = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(got, size);
+    Ok(String::from_utf8(buf).unwrap())
+}
+
+#[test]
+fn tensor_attributes_read_through_the_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    let store = dir.path().join("store");
+    ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
+    );
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let _cleanup = Cleanup(&mnt);
+    let log = dir.path().join("mount.log");
+    ok(
+        &store,
+        &[
+            "mount",
+            mnt.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+    );
+    let lane = mnt.join("local/tiny/latest/f32");
+    let weights = lane.join("model.safetensors");
+    assert_eq!(
+        getxattr(&weights, "user.tensorfs.component").unwrap(),
+        "model"
+    );
+    assert_eq!(
+        getxattr(&lane, "user.tensorfs.class").unwrap(),
+        r#"["transformers","4.8.2","BertModel"]"#
+    );
+    assert_eq!(
+        getxattr(&weights, "user.tensorfs.tensors").unwrap(),
+        r#"{"count":4,"pages":1}"#
+    );
+    let keys: Vec<String> =
+        serde_json::from_str(&getxattr(&weights, "user.tensorfs.tensors.0").unwrap()).unwrap();
+    assert_eq!(keys.len(), 4);
+    let query: serde_json::Value = serde_json::from_str(
+        &getxattr(
+            &weights,
+            "user.tensorfs.tensor.encoder.layer.0.attention.self.query.weight",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(query["dtype"], "F32");
+    assert_eq!(query["shape"], serde_json::json!([8, 8]));
+    assert_eq!(
+        getxattr(&lane.join("README.md"), "user.tensorfs.component"),
+        Err(libc::ENODATA)
+    );
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}

@@ -36,8 +36,6 @@ pub struct CommitLane {
 pub struct LaneContents {
     /// The files.
     pub view: LaneView,
-    /// The header object (for the `user.tensorfs.header` attribute).
-    pub header: ObjectRef,
     /// The tree blob's modification time (every file's mtime).
     pub mtime: SystemTime,
 }
@@ -144,7 +142,6 @@ impl Catalog for StoreCatalog {
         let view = LaneView::build(commit, &c.tree, &c.header)?;
         Ok(LaneContents {
             view,
-            header: c.header_ref,
             mtime: self.blob_mtime(commit),
         })
     }

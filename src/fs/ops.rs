@@ -17,11 +17,10 @@ use super::lanes::{self, ChildKind, Lane, LaneCache};
 use super::namespace::Snapshot;
 use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, Opened, XattrReply,
-    XATTR_COMMIT, XATTR_HEADER,
 };
 use crate::format::{ObjectRef, Sha256};
 use crate::io::{BlobReader, BlobReaderConfig};
-use crate::layout::{Content, ObjectSource};
+use crate::layout::{attrs, Content, LaneView, ObjectSource};
 use crate::revisions;
 use crate::store::Store;
 
@@ -297,13 +296,11 @@ impl TensorFs {
     pub fn getxattr(&self, ino: u64, name: &str, size: u32) -> FsResult<XattrReply> {
         let inode = self.inode(ino)?;
         let no_attribute = || FsError::NoAttribute(name.to_owned());
-        let commit = inode.node.commit().ok_or_else(no_attribute)?;
-        let value = match name {
-            XATTR_COMMIT => commit.id(),
-            XATTR_HEADER => self.lane(commit)?.contents.header.id(),
-            _ => return Err(no_attribute()),
-        };
-        sized(value.into_bytes(), size)
+        let value = self
+            .with_item(&inode.node, |view, item| attrs::value(view, item, name))?
+            .flatten()
+            .ok_or_else(no_attribute)?;
+        sized(value, size)
     }
 
     /// The names of `ino`'s extended attributes, each followed by NUL; their size when `size`
@@ -313,14 +310,39 @@ impl TensorFs {
     /// `ERANGE` when `size` is too small.
     pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
         let inode = self.inode(ino)?;
-        let mut names = Vec::new();
-        if inode.node.in_lane() {
-            for name in [XATTR_COMMIT, XATTR_HEADER] {
-                names.extend_from_slice(name.as_bytes());
-                names.push(0);
-            }
+        let mut list = Vec::new();
+        for name in self
+            .with_item(&inode.node, attrs::names)?
+            .unwrap_or_default()
+        {
+            list.extend_from_slice(name.as_bytes());
+            list.push(0);
         }
-        sized(names, size)
+        sized(list, size)
+    }
+
+    /// Calls `f` with the lane view and the folder or file of an inode in a lane; `None` for
+    /// inodes above the lanes.
+    fn with_item<R>(
+        &self,
+        node: &Node,
+        f: impl FnOnce(&LaneView, attrs::Item<'_>) -> R,
+    ) -> FsResult<Option<R>> {
+        let (commit, path, dir) = match node {
+            Node::LaneDir { commit, path } => (commit, path, true),
+            Node::File { commit, path, .. } => (commit, path, false),
+            _ => return Ok(None),
+        };
+        let lane = self.lane(commit)?;
+        let view = &lane.contents.view;
+        let item = match dir {
+            true => attrs::Item::Folder(path),
+            false => attrs::Item::File(
+                view.file(path)
+                    .ok_or_else(|| FsError::NoAttribute(path.clone()))?,
+            ),
+        };
+        Ok(Some(f(view, item)))
     }
 
     /// An ioctl on an open file; none is supported (Python's `open` sends `TCGETS` to learn

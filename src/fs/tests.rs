@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::*;
+use crate::format::Header;
 use crate::format::{ObjectRef, Release, Repo, Sha256};
-use crate::layout::{Content, LaneFile, LaneView, ObjectSource};
+use crate::layout::{Content, LaneFile, LaneView, ObjectSource, Owner};
 use crate::store::StoreError;
 
 /// Objects in memory; a damaged one fails as `BlobReader` fails.
@@ -101,6 +102,17 @@ fn absent(object: &ObjectRef) -> CommitError {
     })
 }
 
+fn empty_header() -> Header {
+    Header {
+        format: crate::format::header::HEADER_FORMAT.into(),
+        chunks: vec![],
+        encodings: vec![],
+        pipeline: None,
+        components: vec![],
+        metadata: Default::default(),
+    }
+}
+
 impl Catalog for MockCatalog {
     fn refs_signature(&self) -> Result<u64, StoreError> {
         Ok(self.repos.lock().unwrap().0)
@@ -129,12 +141,18 @@ impl Catalog for MockCatalog {
             .map(|(path, content)| LaneFile {
                 path: path.clone(),
                 content: content.clone(),
+                owner: Owner::Repo,
             })
             .collect();
         files.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(LaneContents {
-            view: LaneView { files },
-            header: c.header,
+            view: LaneView {
+                files,
+                commit: *commit,
+                header_ref: c.header,
+                header: Arc::new(empty_header()),
+                folders: Vec::new(),
+            },
             mtime: t(2000),
         })
     }

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use super::plan::PlanBuilder;
-use super::{Content, Files, LayoutError, FILE_METADATA, PIPELINE_FILE, ROOT_COMPONENT};
+use super::{Content, Files, LayoutError, Owner, FILE_METADATA, PIPELINE_FILE, ROOT_COMPONENT};
 use crate::format::json::{self, Json};
 use crate::format::safetensors::{canonical_header, Entry};
 use crate::format::{Body, Component, Config, Dtype, Header, Location, ObjectRef, Value};
@@ -60,15 +60,21 @@ pub(super) fn lay_out(
         files.add(
             PIPELINE_FILE.to_owned(),
             Content::Inline(text.into()),
+            Owner::Pipeline,
             "the pipeline config",
         )?;
     }
-    for (c, folder) in header.components.iter().zip(folders) {
+    for (index, (c, folder)) in header.components.iter().zip(folders).enumerate() {
         if !c.config.is_empty() || c.config_file.is_some() {
             let path = format!("{folder}{}", c.config_name());
+            let owner = Owner::Component {
+                index,
+                tensors: Vec::new(),
+            };
             files.add(
                 path,
                 Content::Inline(config_text(&c.config).into()),
+                owner,
                 "a config",
             )?;
         }
@@ -85,7 +91,16 @@ pub(super) fn lay_out(
         };
         let path = format!("{folder}{weights}.safetensors");
         let plan = weights_plan(header, c, chunks).map_err(|why| files.invalid(&path, why))?;
-        files.add(path, Content::Safetensors(Arc::new(plan)), "a weights file")?;
+        let owner = Owner::Component {
+            index,
+            tensors: (0..c.tensors.len() as u32).collect(),
+        };
+        files.add(
+            path,
+            Content::Safetensors(Arc::new(plan)),
+            owner,
+            "a weights file",
+        )?;
     }
     Ok(())
 }

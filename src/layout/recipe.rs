@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::plan::PlanBuilder;
-use super::{Content, Files, LayoutError};
+use super::{Content, Files, LayoutError, Owner};
 use crate::format::json::{self, Json};
 use crate::format::safetensors;
 use crate::format::{Body, Header, ObjectRef, Tensor, Value};
@@ -103,41 +103,74 @@ impl SourceFiles {
     pub(super) fn lay_out(
         &self,
         header: &Header,
+        folders: &[String],
         chunks: &Arc<[ObjectRef]>,
         files: &mut Files,
     ) -> Result<(), LayoutError> {
-        let mut indexes: HashMap<&str, HashMap<&str, &Tensor>> = HashMap::new();
+        let mut indexes: HashMap<usize, HashMap<&str, u32>> = HashMap::new();
         for (path, file) in &self.0 {
-            let content = match file {
-                SourceFile::Text(text) => Content::Inline(text.as_bytes().into()),
+            let (content, owner) = match file {
+                SourceFile::Text(text) => (
+                    Content::Inline(text.as_bytes().into()),
+                    text_owner(header, folders, path),
+                ),
                 SourceFile::Safetensors {
                     component,
                     header: text,
                 } => {
-                    let Some(c) = header.component(component) else {
+                    let Some(index) = header.components.iter().position(|c| c.name == *component)
+                    else {
                         return Err(files.invalid(path, format!("no component {component:?}")));
                     };
-                    let index = indexes
-                        .entry(component.as_str())
-                        .or_insert_with(|| c.tensors.iter().map(|t| (t.key.as_str(), t)).collect());
-                    let plan = plan(header, chunks, text, index)
+                    let c = &header.components[index];
+                    let by_key = indexes.entry(index).or_insert_with(|| {
+                        c.tensors
+                            .iter()
+                            .enumerate()
+                            .map(|(i, t)| (t.key.as_str(), i as u32))
+                            .collect()
+                    });
+                    let (plan, tensors) = plan(header, chunks, text, &c.tensors, by_key)
                         .map_err(|why| files.invalid(path, why))?;
-                    Content::Safetensors(Arc::new(plan))
+                    (
+                        Content::Safetensors(Arc::new(plan)),
+                        Owner::Component { index, tensors },
+                    )
                 }
             };
-            files.add(path.clone(), content, "a source file")?;
+            files.add(path.clone(), content, owner, "a source file")?;
         }
         Ok(())
     }
 }
 
-/// The plan of one recorded safetensors file.
+/// Whose a recorded text file is: `model_index.json` the pipeline's, a file in a component's
+/// folder that component's (the deepest folder), a file at the root the root component's if
+/// there is one, else a repo file's.
+fn text_owner(header: &Header, folders: &[String], path: &str) -> Owner {
+    if path == super::PIPELINE_FILE && header.pipeline.is_some() {
+        return Owner::Pipeline;
+    }
+    folders
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| path.starts_with(f.as_str()) && (!f.is_empty() || !path.contains('/')))
+        .max_by_key(|(_, f)| f.len())
+        .map_or(Owner::Repo, |(index, _)| Owner::Component {
+            index,
+            tensors: Vec::new(),
+        })
+}
+
+/// The plan of one recorded safetensors file, and the component's tensors it holds, in the
+/// file's data order.
 fn plan(
     header: &Header,
     chunks: &Arc<[ObjectRef]>,
     text: &str,
-    tensors: &HashMap<&str, &Tensor>,
-) -> Result<super::SafetensorsPlan, String> {
+    all: &[Tensor],
+    by_key: &HashMap<&str, u32>,
+) -> Result<(super::SafetensorsPlan, Vec<u32>), String> {
     // The data length is not recorded; the header's own offsets give it.
     let Json::Object(entries) = json::parse(text.as_bytes()).map_err(|e| e.to_string())? else {
         return Err("the safetensors header is not a JSON object".into());
@@ -168,10 +201,13 @@ fn plan(
     prefix.extend_from_slice(&n.to_le_bytes());
     prefix.extend_from_slice(text.as_bytes());
     let mut builder = PlanBuilder::new(header, chunks, prefix);
+    let mut held = Vec::with_capacity(parsed.tensors.len());
     for info in &parsed.tensors {
-        let Some(tensor) = tensors.get(info.name.as_str()) else {
+        let Some(&index) = by_key.get(info.name.as_str()) else {
             return Err(format!("tensor {:?} is not in the component", info.name));
         };
+        held.push(index);
+        let tensor = &all[index as usize];
         let Body::Plain(location) = tensor.body else {
             return Err(format!("tensor {:?} is encoded, not plain", info.name));
         };
@@ -187,5 +223,5 @@ fn plan(
         }
         builder.push(location);
     }
-    Ok(builder.finish())
+    Ok((builder.finish(), held))
 }

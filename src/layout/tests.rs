@@ -72,7 +72,7 @@ fn model() -> (Memory, LaneView, Vec<u8>) {
     };
     let tree = Tree {
         lane: Some("u8".into()),
-        files: BTreeMap::new(),
+        files: BTreeMap::from([("model.cozytensors".to_owned(), ObjectRef::of(b"header"))]),
     };
     let view = LaneView::build(&ObjectRef::of(b"commit"), &tree, &header).unwrap();
     let objects = HashMap::from([(chunks[0], chunk0), (chunks[1], chunk1)]);
@@ -116,4 +116,99 @@ fn a_read_past_the_end_gives_nothing() {
         0
     );
     assert_eq!(content.read_at(&memory, u64::MAX, &mut buf).unwrap(), 0);
+}
+
+/// A view of one component `model` whose weights file holds `n` tensors with long keys.
+fn many_tensors(n: usize) -> LaneView {
+    let tensors = (0..n)
+        .map(|i| crate::format::Tensor {
+            key: format!("layers.{i}.a_rather_long_module_name_to_fill_pages.weight"),
+            dtype: Dtype::U8,
+            shape: vec![0],
+            body: Body::Plain(Location::default()),
+        })
+        .collect();
+    let header = Header {
+        format: HEADER_FORMAT.into(),
+        chunks: vec![],
+        encodings: vec![],
+        pipeline: None,
+        components: vec![Component {
+            name: "model".into(),
+            class: ClassRef {
+                library: "transformers".into(),
+                version: "4.44.0".into(),
+                name: "BertModel".into(),
+            },
+            config: BTreeMap::new(),
+            tensors,
+            assets: BTreeMap::new(),
+            config_file: None,
+        }],
+        metadata: BTreeMap::new(),
+    };
+    let tree = Tree {
+        lane: Some("u8".into()),
+        files: BTreeMap::from([("model.cozytensors".to_owned(), ObjectRef::of(b"header"))]),
+    };
+    LaneView::build(&ObjectRef::of(b"commit"), &tree, &header).unwrap()
+}
+
+#[test]
+fn tensor_keys_are_paged_so_no_value_or_list_overflows() {
+    use super::attrs::{self, Item};
+    let view = many_tensors(5000);
+    let file = Item::File(view.file("model.safetensors").unwrap());
+    let text = |name: &str| String::from_utf8(attrs::value(&view, file, name).unwrap()).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&text(attrs::TENSORS)).unwrap();
+    assert_eq!(summary["count"], 5000);
+    let pages = summary["pages"].as_u64().unwrap();
+    assert!(pages > 1, "5000 long keys take several pages");
+    let mut keys = Vec::new();
+    for p in 0..pages {
+        let page = text(&format!("{}{p}", attrs::TENSORS_PAGE));
+        assert!(
+            page.len() <= attrs::PAGE_BYTES,
+            "page {p} is {} bytes",
+            page.len()
+        );
+        keys.extend(serde_json::from_str::<Vec<String>>(&page).unwrap());
+    }
+    assert_eq!(keys.len(), 5000);
+    assert_eq!(
+        keys[4999],
+        "layers.4999.a_rather_long_module_name_to_fill_pages.weight"
+    );
+    let names = attrs::names(&view, file);
+    assert_eq!(names.len(), 2 + 2 + 1 + pages as usize, "{names:?}");
+    let list_bytes: usize = names.iter().map(|n| n.len() + 1).sum();
+    assert!(
+        list_bytes < 64 << 10,
+        "the name list fits listxattr's limit"
+    );
+    let by_index: serde_json::Value =
+        serde_json::from_str(&text(&format!("{}#4999", attrs::TENSOR))).unwrap();
+    let by_key: serde_json::Value =
+        serde_json::from_str(&text(&format!("{}{}", attrs::TENSOR, keys[4999]))).unwrap();
+    assert_eq!(by_index, by_key);
+    assert_eq!(by_key["dtype"], "U8");
+    assert!(attrs::value(&view, file, &format!("{}#5000", attrs::TENSOR)).is_none());
+    assert!(attrs::value(&view, file, &format!("{}{pages}", attrs::TENSORS_PAGE)).is_none());
+}
+
+#[test]
+fn folders_and_files_name_their_component_and_class() {
+    use super::attrs::{self, Item};
+    let view = many_tensors(1);
+    let class = attrs::value(&view, Item::Folder(""), attrs::CLASS).unwrap();
+    assert_eq!(class, br#"["transformers","4.44.0","BertModel"]"#);
+    assert_eq!(
+        attrs::value(&view, Item::Folder(""), attrs::COMPONENT).unwrap(),
+        b"model"
+    );
+    assert!(
+        attrs::value(&view, Item::Folder(""), attrs::PIPELINE).is_none(),
+        "no pipeline"
+    );
+    assert!(attrs::value(&view, Item::Folder("other"), attrs::COMPONENT).is_none());
 }
