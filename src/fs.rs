@@ -52,6 +52,19 @@ pub const ROOT_INO: u64 = 1;
 
 pub use crate::revisions::{LATEST, NO_LANE as UNLABELLED_LANE};
 
+/// The suffix of a lane's decoded view: `<lane>@decoded` beside `<lane>` in a revision folder,
+/// for a commit with encoded tensors. `@` is in no label, so it never collides with a lane.
+pub const DECODED_SUFFIX: &str = "@decoded";
+
+/// A lane folder's contents: a commit as imported, or its decoded view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaneRef {
+    /// The commit.
+    pub commit: crate::format::ObjectRef,
+    /// Whether this is the decoded view (`<lane>@decoded`).
+    pub decoded: bool,
+}
+
 pub use crate::layout::attrs::{COMMIT as XATTR_COMMIT, HEADER as XATTR_HEADER};
 
 /// Settings of the namespace.

@@ -17,6 +17,7 @@
 
 pub mod attrs;
 mod canonical;
+pub mod decoded;
 mod plan;
 pub mod recipe;
 
@@ -174,6 +175,29 @@ impl LaneView {
         tree: &Tree,
         header: &Header,
     ) -> Result<LaneView, LayoutError> {
+        Self::build_view(commit, tree, header, false)
+    }
+
+    /// Lays out the decoded view of commit `commit`: its files as the libraries write them
+    /// (configs without their quantization settings), with every encoded tensor a plain tensor
+    /// of its logical dtype, decoded when first read.
+    ///
+    /// # Errors
+    /// As [`LaneView::build`].
+    pub fn build_decoded(
+        commit: &ObjectRef,
+        tree: &Tree,
+        header: &Header,
+    ) -> Result<LaneView, LayoutError> {
+        Self::build_view(commit, tree, header, true)
+    }
+
+    fn build_view(
+        commit: &ObjectRef,
+        tree: &Tree,
+        header: &Header,
+        decoded: bool,
+    ) -> Result<LaneView, LayoutError> {
         let mut files = Files::new(commit);
         for (path, object) in tree.repo_files() {
             files.add(
@@ -199,18 +223,32 @@ impl LaneView {
             }
         }
         let chunks: Arc<[ObjectRef]> = header.chunks.clone().into();
-        match recipe::SourceFiles::of(header).map_err(|why| files.invalid("source_files", why))? {
-            Some(source) => source.lay_out(header, &folders, &chunks, &mut files)?,
-            None => canonical::lay_out(header, &folders, &chunks, &mut files)?,
+        let header_ref = *tree.header().1;
+        let shared = Arc::new(header.clone());
+        match (
+            decoded,
+            recipe::SourceFiles::of(header).map_err(|why| files.invalid("source_files", why))?,
+        ) {
+            (false, Some(source)) => source.lay_out(header, &folders, &chunks, &mut files)?,
+            (false, None) => canonical::lay_out(header, &folders, &chunks, &mut files, None)?,
+            (true, _) => {
+                let decoding = (shared.clone(), header_ref);
+                canonical::lay_out(header, &folders, &chunks, &mut files, Some(&decoding))?
+            }
         }
         let files = files.finish()?;
         Ok(LaneView {
             files,
             commit: *commit,
-            header_ref: *tree.header().1,
-            header: Arc::new(header.clone()),
+            header_ref,
+            header: shared,
             folders,
         })
+    }
+
+    /// Whether `header` has encoded tensors, and so a decoded view that differs from the lane.
+    pub fn has_encoded(header: &Header) -> bool {
+        !header.encodings.is_empty()
     }
 
     /// The file at `path`.

@@ -24,12 +24,19 @@ pub struct Args {
     /// The lane, when the revision has several.
     #[arg(long)]
     pub lane: Option<String>,
+    /// Write the decoded view: every encoded tensor as a plain tensor of its logical dtype
+    /// (what the mount shows under `<lane>@decoded`).
+    #[arg(long)]
+    pub decode: bool,
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let store = cli.existing_store()?;
     let (target, commit) = resolve_one(&store, &args.reference, args.lane.as_deref())?;
-    let view = LaneView::build(&commit.id, &commit.tree, &commit.header)?;
+    let view = match args.decode {
+        false => LaneView::build(&commit.id, &commit.tree, &commit.header)?,
+        true => LaneView::build_decoded(&commit.id, &commit.tree, &commit.header)?,
+    };
     let existed = args.dir.exists();
     if existed {
         let entries =

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::CommitError;
+use super::{CommitError, LaneRef};
 use crate::format::{ObjectRef, Repo};
 use crate::layout::LaneView;
 use crate::store::{Store, StoreError};
@@ -29,6 +29,8 @@ pub struct CommitLane {
     pub lane: Option<String>,
     /// The tree blob's modification time (the lane folder's mtime).
     pub mtime: SystemTime,
+    /// Whether its header has encoded tensors (and so a decoded view).
+    pub encoded: bool,
 }
 
 /// A commit laid out as a lane folder.
@@ -68,17 +70,18 @@ pub trait Catalog: Send + Sync {
     /// The refs cannot be listed.
     fn repos(&self) -> Result<Vec<RepoEntry>, StoreError>;
 
-    /// The lane label of commit `commit` (reads only its tree).
+    /// The lane label of commit `commit`, and whether it has encoded tensors (reads its tree and
+    /// header).
     ///
     /// # Errors
     /// The tree is absent, damaged or malformed.
     fn commit_lane(&self, commit: &ObjectRef) -> Result<CommitLane, CommitError>;
 
-    /// Commit `commit` laid out as a lane folder.
+    /// Commit `lane.commit` laid out as a lane folder, or as its decoded view.
     ///
     /// # Errors
     /// The tree or header is absent, damaged or malformed, or cannot be laid out.
-    fn lane(&self, commit: &ObjectRef) -> Result<LaneContents, CommitError>;
+    fn lane(&self, lane: &LaneRef) -> Result<LaneContents, CommitError>;
 
     /// Size of the filesystem holding the store: total, free and available blocks, and the
     /// block unit in bytes.
@@ -130,19 +133,23 @@ impl Catalog for StoreCatalog {
     }
 
     fn commit_lane(&self, commit: &ObjectRef) -> Result<CommitLane, CommitError> {
-        let tree = self.store.tree(commit)?;
+        let c = self.store.commit(commit)?;
         Ok(CommitLane {
-            lane: tree.lane,
+            lane: c.tree.lane,
             mtime: self.blob_mtime(commit),
+            encoded: LaneView::has_encoded(&c.header),
         })
     }
 
-    fn lane(&self, commit: &ObjectRef) -> Result<LaneContents, CommitError> {
-        let c = self.store.commit(commit)?;
-        let view = LaneView::build(commit, &c.tree, &c.header)?;
+    fn lane(&self, lane: &LaneRef) -> Result<LaneContents, CommitError> {
+        let c = self.store.commit(&lane.commit)?;
+        let view = match lane.decoded {
+            false => LaneView::build(&lane.commit, &c.tree, &c.header)?,
+            true => LaneView::build_decoded(&lane.commit, &c.tree, &c.header)?,
+        };
         Ok(LaneContents {
             view,
-            mtime: self.blob_mtime(commit),
+            mtime: self.blob_mtime(&lane.commit),
         })
     }
 

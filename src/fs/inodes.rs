@@ -13,8 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
-use super::ROOT_INO;
-use crate::format::{ObjectRef, Sha256};
+use super::{LaneRef, ROOT_INO};
 
 /// What an inode is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,15 +43,15 @@ pub enum Node {
     },
     /// A folder of a commit's lane: the lane folder itself (`path` empty) or a folder in it.
     LaneDir {
-        /// The commit shown.
-        commit: ObjectRef,
+        /// The lane shown.
+        lane: LaneRef,
         /// The folder's path in the lane (`unet`), empty for the lane folder.
         path: String,
     },
     /// A file of a commit's lane.
     File {
-        /// The commit.
-        commit: ObjectRef,
+        /// The lane.
+        lane: LaneRef,
         /// The file's path in the lane.
         path: String,
         /// Its size in bytes.
@@ -73,10 +72,10 @@ impl Node {
         matches!(self, Node::LaneDir { .. } | Node::File { .. })
     }
 
-    /// The commit shown, for inodes in lanes.
-    pub fn commit(&self) -> Option<&ObjectRef> {
+    /// The lane shown, for inodes in lanes.
+    pub fn lane(&self) -> Option<&LaneRef> {
         match self {
-            Node::LaneDir { commit, .. } | Node::File { commit, .. } => Some(commit),
+            Node::LaneDir { lane, .. } | Node::File { lane, .. } => Some(lane),
             _ => None,
         }
     }
@@ -97,7 +96,7 @@ pub struct Inode {
 struct DirKey {
     parent: u64,
     name: String,
-    commit: Option<Sha256>,
+    lane: Option<LaneRef>,
 }
 
 #[derive(Debug)]
@@ -105,7 +104,7 @@ struct Table {
     /// Inode `n` at index `n - 1`.
     nodes: Vec<Arc<Inode>>,
     dirs: HashMap<DirKey, u64>,
-    files: HashMap<(Sha256, String), u64>,
+    files: HashMap<(LaneRef, String), u64>,
 }
 
 /// Every inode of a mount.
@@ -159,8 +158,8 @@ impl InodeTable {
         let key = DirKey {
             parent,
             name: name.to_owned(),
-            commit: match &node {
-                Node::LaneDir { commit, path } if path.is_empty() => Some(commit.sha256),
+            lane: match &node {
+                Node::LaneDir { lane, path } if path.is_empty() => Some(*lane),
                 _ => None,
             },
         };
@@ -176,16 +175,16 @@ impl InodeTable {
         inode
     }
 
-    /// The file `path` of `commit`'s lane (one inode across every alias of the commit).
+    /// The file `path` of `lane` (one inode across every alias of the commit).
     pub fn file(
         &self,
         parent: u64,
-        commit: &ObjectRef,
+        lane: &LaneRef,
         path: &str,
         size: u64,
         mtime: SystemTime,
     ) -> Arc<Inode> {
-        let key = (commit.sha256, path.to_owned());
+        let key = (*lane, path.to_owned());
         if let Some(found) = self.lookup(|t| t.files.get(&key).copied()) {
             return found;
         }
@@ -194,7 +193,7 @@ impl InodeTable {
             return table.nodes[ino as usize - 1].clone();
         }
         let node = Node::File {
-            commit: *commit,
+            lane: *lane,
             path: path.to_owned(),
             size,
             mtime,

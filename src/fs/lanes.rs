@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
-use super::LaneContents;
-use crate::format::{ObjectRef, Sha256};
+use super::{LaneContents, LaneRef};
 use crate::layout::LaneFile;
 
 /// What a name in a lane folder is.
@@ -33,11 +32,11 @@ pub struct Child {
     pub kind: ChildKind,
 }
 
-/// A commit laid out, with its folders indexed.
+/// A commit laid out (as imported or decoded), with its folders indexed.
 #[derive(Debug)]
 pub struct Lane {
-    /// The commit.
-    pub commit: ObjectRef,
+    /// The commit and view.
+    pub lane: LaneRef,
     /// Its files, header and mtime.
     pub contents: LaneContents,
     /// Each folder's path (`""` for the lane folder) → its children sorted by name.
@@ -45,8 +44,8 @@ pub struct Lane {
 }
 
 impl Lane {
-    /// Indexes `contents` of `commit`.
-    pub fn new(commit: ObjectRef, contents: LaneContents) -> Lane {
+    /// Indexes `contents` of `lane`.
+    pub fn new(lane: LaneRef, contents: LaneContents) -> Lane {
         let mut folders: BTreeMap<String, BTreeMap<String, ChildKind>> = BTreeMap::new();
         folders.insert(String::new(), BTreeMap::new());
         for (index, file) in contents.view.files.iter().enumerate() {
@@ -80,7 +79,7 @@ impl Lane {
             })
             .collect();
         Lane {
-            commit,
+            lane,
             contents,
             folders,
         }
@@ -115,10 +114,10 @@ pub fn join(parent: &str, name: &str) -> String {
     }
 }
 
-/// Built lanes by commit, least recently used evicted first.
+/// Built lanes by commit and view, least recently used evicted first.
 #[derive(Debug)]
 pub struct LaneCache {
-    lanes: Mutex<LruCache<Sha256, Arc<Lane>>>,
+    lanes: Mutex<LruCache<LaneRef, Arc<Lane>>>,
 }
 
 impl LaneCache {
@@ -137,24 +136,24 @@ impl LaneCache {
     /// `build` fails (failures are not cached: a repaired store shows the lane again).
     pub fn get_or_build<E>(
         &self,
-        commit: &ObjectRef,
+        key: &LaneRef,
         build: impl FnOnce() -> Result<LaneContents, E>,
     ) -> Result<Arc<Lane>, E> {
         if let Some(lane) = self
             .lanes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&commit.sha256)
+            .get(key)
         {
             return Ok(lane.clone());
         }
         // Built without the lock: reading a header can take a while and must not stall
         // lookups in other lanes.
-        let lane = Arc::new(Lane::new(*commit, build()?));
+        let lane = Arc::new(Lane::new(*key, build()?));
         self.lanes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .put(commit.sha256, lane.clone());
+            .put(*key, lane.clone());
         Ok(lane)
     }
 

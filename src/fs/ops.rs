@@ -154,18 +154,18 @@ impl TensorFs {
                 rev,
             } => {
                 let lanes = self.revision_lanes(org, repo, rev)?.ok_or_else(not_found)?;
-                let (_, commit) = lanes
+                let (_, lane) = lanes
                     .iter()
                     .find(|(lane, _)| lane == name)
                     .ok_or_else(not_found)?;
                 let node = Node::LaneDir {
-                    commit: *commit,
+                    lane: *lane,
                     path: String::new(),
                 };
                 self.inodes.dir(parent, name, node)
             }
-            Node::LaneDir { commit, path } => {
-                let lane = self.lane(commit)?;
+            Node::LaneDir { lane, path } => {
+                let lane = self.lane(lane)?;
                 let child = lane.child(path, name).ok_or_else(not_found)?;
                 self.lane_child(&lane, parent, path, &child.name, child.kind)
             }
@@ -243,10 +243,11 @@ impl TensorFs {
             return Err(FsError::ReadOnly);
         }
         let inode = self.inode(ino)?;
-        let Node::File { commit, path, .. } = &inode.node else {
+        let Node::File { lane, path, .. } = &inode.node else {
             return Err(FsError::IsADirectory(ino));
         };
-        let lane = self.lane(commit)?;
+        let commit = &lane.commit;
+        let lane = self.lane(lane)?;
         let file = lane
             .contents
             .view
@@ -328,12 +329,12 @@ impl TensorFs {
         node: &Node,
         f: impl FnOnce(&LaneView, attrs::Item<'_>) -> R,
     ) -> FsResult<Option<R>> {
-        let (commit, path, dir) = match node {
-            Node::LaneDir { commit, path } => (commit, path, true),
-            Node::File { commit, path, .. } => (commit, path, false),
+        let (lane, path, dir) = match node {
+            Node::LaneDir { lane, path } => (lane, path, true),
+            Node::File { lane, path, .. } => (lane, path, false),
             _ => return Ok(None),
         };
-        let lane = self.lane(commit)?;
+        let lane = self.lane(lane)?;
         let view = &lane.contents.view;
         let item = match dir {
             true => attrs::Item::Folder(path),
@@ -417,7 +418,9 @@ impl TensorFs {
                 let mtime = snapshot().repo(org, name).map(|r| r.mtime);
                 (Kind::Directory, 0, mtime.unwrap_or(self.mounted_at))
             }
-            Node::LaneDir { commit, .. } => (Kind::Directory, 0, self.commit_lane(commit)?.mtime),
+            Node::LaneDir { lane, .. } => {
+                (Kind::Directory, 0, self.commit_lane(&lane.commit)?.mtime)
+            }
             Node::File { size, mtime, .. } => (Kind::File, *size, *mtime),
         };
         let dir = kind == Kind::Directory;
@@ -474,16 +477,16 @@ impl TensorFs {
                 }
             }
             Node::Revision { org, name, rev } => {
-                for (lane, commit) in self.revision_lanes(org, name, rev)?.unwrap_or_default() {
+                for (folder, lane) in self.revision_lanes(org, name, rev)?.unwrap_or_default() {
                     let node = Node::LaneDir {
-                        commit,
+                        lane,
                         path: String::new(),
                     };
-                    children.push((self.inodes.dir(ino, &lane, node), lane));
+                    children.push((self.inodes.dir(ino, &folder, node), folder));
                 }
             }
-            Node::LaneDir { commit, path } => {
-                let lane = self.lane(commit)?;
+            Node::LaneDir { lane, path } => {
+                let lane = self.lane(lane)?;
                 for child in lane.children(path).unwrap_or_default() {
                     let inode = self.lane_child(&lane, ino, path, &child.name, child.kind);
                     children.push((inode, child.name.clone()));
@@ -527,7 +530,7 @@ impl TensorFs {
         match kind {
             ChildKind::Dir => {
                 let node = Node::LaneDir {
-                    commit: lane.commit,
+                    lane: lane.lane,
                     path: lanes::join(path, name),
                 };
                 self.inodes.dir(parent, name, node)
@@ -536,7 +539,7 @@ impl TensorFs {
                 let file = lane.file(index);
                 let size = file.content.size();
                 self.inodes
-                    .file(parent, &lane.commit, &file.path, size, lane.contents.mtime)
+                    .file(parent, &lane.lane, &file.path, size, lane.contents.mtime)
             }
         }
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::catalog::CommitLane;
 use super::lanes::Lane;
 use super::namespace::Snapshot;
-use super::{CommitError, FsError, FsResult, TensorFs};
+use super::{CommitError, FsError, FsResult, LaneRef, TensorFs, DECODED_SUFFIX};
 use crate::format::ObjectRef;
 use crate::revisions;
 
@@ -45,14 +45,15 @@ impl TensorFs {
             .clone())
     }
 
-    /// The lane folders of revision `rev` of repo `org/name`; `None` when there is no such
-    /// repo or revision (any more).
+    /// The lane folders of revision `rev` of repo `org/name`, each lane with encoded tensors
+    /// followed by its decoded view (`<lane>@decoded`); `None` when there is no such repo or
+    /// revision (any more).
     pub(super) fn revision_lanes(
         &self,
         org: &str,
         name: &str,
         rev: &str,
-    ) -> FsResult<Option<Vec<(String, ObjectRef)>>> {
+    ) -> FsResult<Option<Vec<(String, LaneRef)>>> {
         let snapshot = self.snapshot()?;
         let Some(entry) = snapshot.repo(org, name) else {
             return Ok(None);
@@ -60,10 +61,30 @@ impl TensorFs {
         let Some(revision) = revisions::revision(&entry.repo, rev) else {
             return Ok(None);
         };
-        revisions::lanes(&entry.repo, revision, |c| {
+        let lanes = revisions::lanes(&entry.repo, revision, |c| {
             self.commit_lane(c).map(|l| l.lane)
-        })
-        .map(Some)
+        })?;
+        let mut out = Vec::with_capacity(lanes.len());
+        for (name, commit) in lanes {
+            let encoded = self.commit_lane(&commit)?.encoded;
+            out.push((
+                name.clone(),
+                LaneRef {
+                    commit,
+                    decoded: false,
+                },
+            ));
+            if encoded {
+                out.push((
+                    format!("{name}{DECODED_SUFFIX}"),
+                    LaneRef {
+                        commit,
+                        decoded: true,
+                    },
+                ));
+            }
+        }
+        Ok(Some(out))
     }
 
     pub(super) fn commit_lane(&self, commit: &ObjectRef) -> FsResult<CommitLane> {
@@ -86,10 +107,10 @@ impl TensorFs {
         Ok(lane)
     }
 
-    pub(super) fn lane(&self, commit: &ObjectRef) -> FsResult<Arc<Lane>> {
+    pub(super) fn lane(&self, lane: &LaneRef) -> FsResult<Arc<Lane>> {
         self.lanes
-            .get_or_build(commit, || self.catalog.lane(commit))
-            .map_err(|source| self.commit_error(commit, source))
+            .get_or_build(lane, || self.catalog.lane(lane))
+            .map_err(|source| self.commit_error(&lane.commit, source))
     }
 
     fn commit_error(&self, commit: &ObjectRef, source: CommitError) -> FsError {

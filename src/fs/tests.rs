@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::*;
 use crate::format::Header;
 use crate::format::{ObjectRef, Release, Repo, Sha256};
+use crate::fs::LaneRef;
 use crate::layout::{Content, LaneFile, LaneView, ObjectSource, Owner};
 use crate::store::StoreError;
 
@@ -128,10 +129,12 @@ impl Catalog for MockCatalog {
         Ok(CommitLane {
             lane: c.lane.clone(),
             mtime: t(2000),
+            encoded: false,
         })
     }
 
-    fn lane(&self, commit: &ObjectRef) -> Result<LaneContents, CommitError> {
+    fn lane(&self, lane: &LaneRef) -> Result<LaneContents, CommitError> {
+        let commit = &lane.commit;
         self.lane_builds.fetch_add(1, Ordering::Relaxed);
         let commits = self.commits.lock().unwrap();
         let c = commits.get(&commit.sha256).ok_or_else(|| absent(commit))?;

@@ -49,11 +49,18 @@ pub(super) fn config_text(config: &Config) -> Vec<u8> {
     json::hf_config_text(&json).into_bytes()
 }
 
+/// Config keys that tell a loader the weights are quantized; the decoded view's weights are
+/// not, so its configs leave them out (Transformers would otherwise expect packed weights).
+const QUANTIZATION_KEYS: [&str; 2] = ["quantization_config", "compression_config"];
+
+/// Lays out `header`'s files as the libraries write them; with `decoding` (the header and its
+/// object), every encoded tensor as a plain tensor of its logical dtype, decoded when read.
 pub(super) fn lay_out(
     header: &Header,
     folders: &[String],
     chunks: &Arc<[ObjectRef]>,
     files: &mut Files,
+    decoding: Option<&(Arc<Header>, ObjectRef)>,
 ) -> Result<(), LayoutError> {
     if let Some(pipeline) = &header.pipeline {
         let text = config_text(&pipeline.config);
@@ -71,12 +78,15 @@ pub(super) fn lay_out(
                 index,
                 tensors: Vec::new(),
             };
-            files.add(
-                path,
-                Content::Inline(config_text(&c.config).into()),
-                owner,
-                "a config",
-            )?;
+            let text = match decoding {
+                Some(_) => {
+                    let mut config = c.config.clone();
+                    config.retain(|k, _| !QUANTIZATION_KEYS.contains(&k.as_str()));
+                    config_text(&config)
+                }
+                None => config_text(&c.config),
+            };
+            files.add(path, Content::Inline(text.into()), owner, "a config")?;
         }
         if c.tensors.is_empty() {
             continue;
@@ -90,7 +100,8 @@ pub(super) fn lay_out(
             "model".to_owned()
         };
         let path = format!("{folder}{weights}.safetensors");
-        let plan = weights_plan(header, c, chunks).map_err(|why| files.invalid(&path, why))?;
+        let plan = weights_plan(header, index, chunks, decoding)
+            .map_err(|why| files.invalid(&path, why))?;
         let owner = Owner::Component {
             index,
             tensors: (0..c.tensors.len() as u32).collect(),
@@ -117,19 +128,51 @@ fn part_name(key: &str, role: &str) -> String {
     }
 }
 
+/// Where an entry's bytes come from: a location, or tensor `i` of the component decoded.
+#[derive(Clone, Copy)]
+enum Bytes {
+    Stored(Location),
+    Decoded(usize, u64),
+}
+
+impl Bytes {
+    fn length(self) -> u64 {
+        match self {
+            Bytes::Stored(location) => location.length,
+            Bytes::Decoded(_, length) => length,
+        }
+    }
+}
+
 fn weights_plan(
     header: &Header,
-    c: &Component,
+    component: usize,
     chunks: &Arc<[ObjectRef]>,
+    decoding: Option<&(Arc<Header>, ObjectRef)>,
 ) -> Result<super::SafetensorsPlan, String> {
+    let c: &Component = &header.components[component];
     let mut names: Vec<String> = Vec::new();
-    let mut items: Vec<(&Dtype, &[u64], Location)> = Vec::new();
+    let mut items: Vec<(&Dtype, &[u64], Bytes)> = Vec::new();
     let mut encodings: BTreeMap<String, Json> = BTreeMap::new();
-    for t in &c.tensors {
+    for (i, t) in c.tensors.iter().enumerate() {
         match &t.body {
             Body::Plain(location) => {
                 names.push(t.key.clone());
-                items.push((&t.dtype, &t.shape, *location));
+                items.push((&t.dtype, &t.shape, Bytes::Stored(*location)));
+            }
+            Body::Encoded { .. } if decoding.is_some() => {
+                let length = t
+                    .dtype
+                    .byte_len(&t.shape)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| {
+                        format!(
+                            "tensor {:?} has dtype {}, which has no size",
+                            t.key, t.dtype
+                        )
+                    })?;
+                names.push(t.key.clone());
+                items.push((&t.dtype, &t.shape, Bytes::Decoded(i, length)));
             }
             Body::Encoded { encoding, parts } => {
                 let e = &header.encodings[*encoding];
@@ -150,7 +193,7 @@ fn weights_plan(
                 );
                 for p in parts {
                     names.push(part_name(&t.key, &p.role));
-                    items.push((&p.dtype, &p.shape, p.location));
+                    items.push((&p.dtype, &p.shape, Bytes::Stored(p.location)));
                 }
             }
         }
@@ -197,17 +240,23 @@ fn weights_plan(
     let entries: Vec<Entry> = items
         .iter()
         .zip(&names)
-        .map(|((dtype, shape, location), name)| Entry {
+        .map(|((dtype, shape, bytes), name)| Entry {
             name,
             dtype,
             shape,
-            length: location.length,
+            length: bytes.length(),
         })
         .collect();
     let (prefix, order) = canonical_header(&entries, Some(&metadata));
     let mut builder = PlanBuilder::new(header, chunks, prefix);
     for i in order {
-        builder.push(items[i].2);
+        match (items[i].2, decoding) {
+            (Bytes::Stored(location), _) => builder.push(location),
+            (Bytes::Decoded(tensor, length), Some(decoding)) => {
+                builder.push_decoded(decoding, component, tensor, length)
+            }
+            (Bytes::Decoded(..), None) => unreachable!("decoded entries only with decoding"),
+        }
     }
     Ok(builder.finish())
 }

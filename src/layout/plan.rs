@@ -1,5 +1,5 @@
 //! The plan of a synthesized safetensors file: a header prefix in memory, then tensor bytes as
-//! segments, each a contiguous range of one chunk.
+//! segments, each a contiguous range of one chunk or of one decoded tensor.
 
 use std::io;
 use std::sync::Arc;
@@ -7,17 +7,37 @@ use std::sync::Arc;
 use super::ObjectSource;
 use crate::format::{Header, Location, ObjectRef};
 
-/// A contiguous range of one chunk placed at `file_offset` in the file.
+/// Where a segment's bytes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A range of one chunk, from `offset`.
+    Chunk {
+        /// Index into the plan's chunks.
+        chunk: u32,
+        /// Offset of the range within the chunk.
+        offset: u64,
+    },
+    /// The logical bytes of encoded tensor `tensor` of component `component`, decoded, from
+    /// byte `offset`.
+    Decoded {
+        /// Index into the header's components.
+        component: u32,
+        /// Index into the component's tensors.
+        tensor: u32,
+        /// Offset within the decoded tensor.
+        offset: u64,
+    },
+}
+
+/// A contiguous range of bytes placed at `file_offset` in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// Where the range starts in the synthesized file.
     pub file_offset: u64,
-    /// Index into the plan's chunks.
-    pub chunk: u32,
-    /// Offset of the range within the chunk.
-    pub chunk_offset: u64,
     /// Length of the range in bytes (never 0).
     pub length: u64,
+    /// Where its bytes come from.
+    pub source: Source,
 }
 
 /// A safetensors file as `prefix` (the 8-byte length and the header JSON) followed by
@@ -27,6 +47,8 @@ pub struct SafetensorsPlan {
     prefix: Vec<u8>,
     segments: Vec<Segment>,
     chunks: Arc<[ObjectRef]>,
+    /// The header and its object, when segments decode tensors.
+    decoding: Option<(Arc<Header>, ObjectRef)>,
     size: u64,
 }
 
@@ -36,6 +58,7 @@ pub(crate) struct PlanBuilder<'h> {
     chunks: Arc<[ObjectRef]>,
     prefix: Vec<u8>,
     segments: Vec<Segment>,
+    decoding: Option<(Arc<Header>, ObjectRef)>,
     end: u64,
 }
 
@@ -47,6 +70,7 @@ impl<'h> PlanBuilder<'h> {
             chunks: chunks.clone(),
             prefix,
             segments: Vec::new(),
+            decoding: None,
             end,
         }
     }
@@ -56,20 +80,51 @@ impl<'h> PlanBuilder<'h> {
         for (chunk, chunk_offset, length) in self.header.pieces(location) {
             // Adjacent ranges of one chunk read as one.
             if let Some(last) = self.segments.last_mut() {
-                if last.chunk as usize == chunk && last.chunk_offset + last.length == chunk_offset {
-                    last.length += length;
-                    self.end += length;
-                    continue;
+                if let Source::Chunk { chunk: c, offset } = last.source {
+                    if c as usize == chunk && offset + last.length == chunk_offset {
+                        last.length += length;
+                        self.end += length;
+                        continue;
+                    }
                 }
             }
+            let source = Source::Chunk {
+                chunk: chunk as u32,
+                offset: chunk_offset,
+            };
             self.segments.push(Segment {
                 file_offset: self.end,
-                chunk: chunk as u32,
-                chunk_offset,
                 length,
+                source,
             });
             self.end += length;
         }
+    }
+
+    /// Appends the decoded bytes of tensor `tensor` of component `component` (`length` bytes),
+    /// which the plan decodes from `header` (object `header_ref`) when they are read.
+    pub(crate) fn push_decoded(
+        &mut self,
+        decoding: &(Arc<Header>, ObjectRef),
+        component: usize,
+        tensor: usize,
+        length: u64,
+    ) {
+        self.decoding.get_or_insert_with(|| decoding.clone());
+        if length == 0 {
+            return;
+        }
+        let source = Source::Decoded {
+            component: component as u32,
+            tensor: tensor as u32,
+            offset: 0,
+        };
+        self.segments.push(Segment {
+            file_offset: self.end,
+            length,
+            source,
+        });
+        self.end += length;
     }
 
     pub(crate) fn finish(self) -> SafetensorsPlan {
@@ -77,6 +132,7 @@ impl<'h> PlanBuilder<'h> {
             prefix: self.prefix,
             segments: self.segments,
             chunks: self.chunks,
+            decoding: self.decoding,
             size: self.end,
         }
     }
@@ -129,11 +185,32 @@ impl SafetensorsPlan {
             })?;
             let within = at - s.file_offset;
             let n = out.len().min((s.length - within) as usize);
-            source.read_object(
-                &self.chunks[s.chunk as usize],
-                s.chunk_offset + within,
-                &mut out[..n],
-            )?;
+            match s.source {
+                Source::Chunk { chunk, offset } => source.read_object(
+                    &self.chunks[chunk as usize],
+                    offset + within,
+                    &mut out[..n],
+                )?,
+                Source::Decoded {
+                    component,
+                    tensor,
+                    offset,
+                } => {
+                    let (header, header_ref) = self
+                        .decoding
+                        .as_ref()
+                        .expect("decoded segments carry their header");
+                    let at = (component as usize, tensor as usize);
+                    super::decoded::read(
+                        source,
+                        header,
+                        header_ref,
+                        at,
+                        offset + within,
+                        &mut out[..n],
+                    )?
+                }
+            }
             out = &mut out[n..];
             at += n as u64;
             i += 1;

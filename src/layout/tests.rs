@@ -212,3 +212,132 @@ fn folders_and_files_name_their_component_and_class() {
     );
     assert!(attrs::value(&view, Item::Folder("other"), attrs::COMPONENT).is_none());
 }
+
+#[test]
+fn the_decoded_view_shows_encoded_tensors_as_plain_logical_ones() {
+    use crate::format::{Encoding, Part};
+    let weight: Vec<u8> = [1i8, -2, 3, -4, 5, -6, 7, -8]
+        .iter()
+        .map(|&v| v as u8)
+        .collect();
+    let scale: Vec<u8> = [0.5f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bias: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut chunk = vec![0u8; 8192 + 8];
+    chunk[..8].copy_from_slice(&weight);
+    chunk[4096..4104].copy_from_slice(&scale);
+    chunk[8192..].copy_from_slice(&bias);
+    let chunks = vec![ObjectRef::of(&chunk)];
+    let header = Header {
+        format: HEADER_FORMAT.into(),
+        chunks: chunks.clone(),
+        encodings: vec![Encoding {
+            scheme: "int8.rowwise".into(),
+            params: BTreeMap::new(),
+        }],
+        pipeline: None,
+        components: vec![Component {
+            name: "model".into(),
+            class: ClassRef::default(),
+            config: BTreeMap::from([
+                ("hidden_size".to_owned(), crate::format::Value::Uint(4)),
+                (
+                    "quantization_config".to_owned(),
+                    crate::format::Value::map([]),
+                ),
+            ]),
+            tensors: vec![
+                crate::format::Tensor {
+                    key: "w".into(),
+                    dtype: Dtype::BF16,
+                    shape: vec![2, 4],
+                    body: Body::Encoded {
+                        encoding: 0,
+                        parts: vec![
+                            Part {
+                                role: "weight".into(),
+                                dtype: Dtype::I8,
+                                shape: vec![2, 4],
+                                location: Location {
+                                    chunk: 0,
+                                    offset: 0,
+                                    length: 8,
+                                },
+                            },
+                            Part {
+                                role: "scale".into(),
+                                dtype: Dtype::F32,
+                                shape: vec![2],
+                                location: Location {
+                                    chunk: 0,
+                                    offset: 4096,
+                                    length: 8,
+                                },
+                            },
+                        ],
+                    },
+                },
+                crate::format::Tensor {
+                    key: "b".into(),
+                    dtype: Dtype::F32,
+                    shape: vec![2],
+                    body: Body::Plain(Location {
+                        chunk: 0,
+                        offset: 8192,
+                        length: 8,
+                    }),
+                },
+            ],
+            assets: BTreeMap::new(),
+            config_file: None,
+        }],
+        metadata: BTreeMap::new(),
+    };
+    let tree = Tree {
+        lane: Some("int8.rowwise".into()),
+        files: BTreeMap::from([(
+            "model.cozytensors".to_owned(),
+            ObjectRef::of(b"decoded-view-header"),
+        )]),
+    };
+    let memory = Memory {
+        objects: HashMap::from([(chunks[0], chunk)]),
+    };
+    let read_all = |view: &LaneView, path: &str| {
+        let content = &view.file(path).unwrap().content;
+        let mut out = vec![0u8; content.size() as usize];
+        content.read_at(&memory, 0, &mut out).unwrap();
+        out
+    };
+
+    let stored = LaneView::build(&ObjectRef::of(b"c"), &tree, &header).unwrap();
+    let bytes = read_all(&stored, "model.safetensors");
+    let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = parsed.names();
+    names.sort();
+    assert_eq!(names, ["b", "w", "w_scale"], "as stored: parts as tensors");
+    assert!(String::from_utf8(read_all(&stored, "config.json"))
+        .unwrap()
+        .contains("quantization_config"));
+
+    let decoded = LaneView::build_decoded(&ObjectRef::of(b"c"), &tree, &header).unwrap();
+    let bytes = read_all(&decoded, "model.safetensors");
+    let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = parsed.names();
+    names.sort();
+    assert_eq!(names, ["b", "w"]);
+    let w = parsed.tensor("w").unwrap();
+    assert_eq!(w.dtype(), safetensors::Dtype::BF16);
+    assert_eq!(w.shape(), [2, 4]);
+    let values: Vec<f32> = w
+        .data()
+        .chunks(2)
+        .map(|c| crate::decode::elem::bf16(u16::from_le_bytes([c[0], c[1]])))
+        .collect();
+    assert_eq!(values, [0.5, -1.0, 1.5, -2.0, 10.0, -12.0, 14.0, -16.0]);
+    assert_eq!(parsed.tensor("b").unwrap().data(), &bias[..]);
+    let config = String::from_utf8(read_all(&decoded, "config.json")).unwrap();
+    assert!(
+        !config.contains("quantization_config") && config.contains("hidden_size"),
+        "{config}"
+    );
+}

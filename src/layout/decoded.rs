@@ -1,0 +1,168 @@
+//! The decoded view's tensor bytes: an encoded tensor decoded to its logical dtype on its
+//! first read, kept in a process-wide cache bounded in bytes, so sequential reads of a tensor
+//! (a loader's) decode it once, on every core.
+//!
+//! A tensor decodes whole (the parts of most schemes are laid out for whole rows and blocks).
+//! The cache holds at most [`cache_budget_bytes`] of decoded tensors, least recently used out
+//! first; a tensor larger than the budget is decoded for each read that needs it and not kept.
+
+use std::collections::HashMap;
+use std::io;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use lru::LruCache;
+
+use super::ObjectSource;
+use crate::decode::{self, Encoded, Part};
+use crate::format::{Body, Header, ObjectRef, Sha256};
+
+/// A decoded tensor: (header, component, tensor).
+type Key = (Sha256, usize, usize);
+
+struct Cache {
+    entries: Mutex<(LruCache<Key, Arc<Vec<u8>>>, u64)>,
+    /// One lock per tensor being decoded, so concurrent readers decode it once.
+    decoding: Mutex<HashMap<Key, Arc<Mutex<()>>>>,
+}
+
+static CACHE: LazyLock<Cache> = LazyLock::new(|| Cache {
+    entries: Mutex::new((
+        LruCache::new(NonZeroUsize::new(1 << 20).expect("nonzero")),
+        0,
+    )),
+    decoding: Mutex::default(),
+});
+
+/// The most bytes of decoded tensors kept: `$TENSORFS_DECODE_CACHE_MIB` MiB, else 1 GiB.
+pub fn cache_budget_bytes() -> u64 {
+    static BUDGET: LazyLock<u64> = LazyLock::new(|| {
+        std::env::var("TENSORFS_DECODE_CACHE_MIB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(1024)
+            << 20
+    });
+    *BUDGET
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Fills `buf` with the decoded bytes of tensor `at` = (component, tensor) of `header` from
+/// `offset`.
+///
+/// # Errors
+/// A part cannot be read, or the decode is refused (`InvalidData`, naming the component, the
+/// tensor and why).
+pub(crate) fn read(
+    source: &dyn ObjectSource,
+    header: &Header,
+    header_ref: &ObjectRef,
+    at: (usize, usize),
+    offset: u64,
+    buf: &mut [u8],
+) -> io::Result<()> {
+    let key = (header_ref.sha256, at.0, at.1);
+    let bytes = cached(key, || decode_tensor(source, header, at.0, at.1))?;
+    let start = offset as usize;
+    let end = start + buf.len();
+    if end > bytes.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "read past a decoded tensor",
+        ));
+    }
+    buf.copy_from_slice(&bytes[start..end]);
+    Ok(())
+}
+
+fn cached(key: Key, decode: impl FnOnce() -> io::Result<Vec<u8>>) -> io::Result<Arc<Vec<u8>>> {
+    if let Some(hit) = lock(&CACHE.entries).0.get(&key) {
+        return Ok(hit.clone());
+    }
+    let gate = lock(&CACHE.decoding).entry(key).or_default().clone();
+    let _gate = lock(&gate);
+    if let Some(hit) = lock(&CACHE.entries).0.get(&key) {
+        return Ok(hit.clone());
+    }
+    let decoded = decode();
+    lock(&CACHE.decoding).remove(&key);
+    let bytes = Arc::new(decoded?);
+    let size = bytes.len() as u64;
+    let budget = cache_budget_bytes();
+    if size <= budget {
+        let mut entries = lock(&CACHE.entries);
+        let (lru, total) = &mut *entries;
+        while *total + size > budget {
+            let Some((_, old)) = lru.pop_lru() else { break };
+            *total -= old.len() as u64;
+        }
+        lru.put(key, bytes.clone());
+        *total += size;
+    }
+    Ok(bytes)
+}
+
+/// Reads the parts of tensor `tensor` of component `component` and decodes it whole.
+///
+/// # Errors
+/// As [`read`].
+pub fn decode_tensor(
+    source: &dyn ObjectSource,
+    header: &Header,
+    component: usize,
+    tensor: usize,
+) -> io::Result<Vec<u8>> {
+    let c = &header.components[component];
+    let t = &c.tensors[tensor];
+    let refuse = |why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("component {:?} tensor {:?}: {why}", c.name, t.key),
+        )
+    };
+    let Body::Encoded { encoding, parts } = &t.body else {
+        return Err(refuse("is not encoded".into()));
+    };
+    let mut bytes = Vec::with_capacity(parts.len());
+    for part in parts {
+        let mut buf = vec![0u8; part.location.length as usize];
+        let mut at = 0;
+        for (chunk, offset, length) in header.pieces(part.location) {
+            source.read_object(
+                &header.chunks[chunk],
+                offset,
+                &mut buf[at..at + length as usize],
+            )?;
+            at += length as usize;
+        }
+        bytes.push(buf);
+    }
+    let e = &header.encodings[*encoding];
+    let encoded = Encoded {
+        scheme: &e.scheme,
+        params: &e.params,
+        dtype: &t.dtype,
+        shape: &t.shape,
+        parts: parts
+            .iter()
+            .zip(&bytes)
+            .map(|(p, b)| Part {
+                role: &p.role,
+                dtype: &p.dtype,
+                shape: &p.shape,
+                bytes: b,
+            })
+            .collect(),
+    };
+    let size = t
+        .dtype
+        .byte_len(&t.shape)
+        .map_err(|e| refuse(e.to_string()))?
+        .ok_or_else(|| refuse(format!("the logical dtype {} has no size", t.dtype)))?;
+    let mut out = vec![0u8; size as usize];
+    decode::decode(&encoded, &mut out).map_err(|e| refuse(e.to_string()))?;
+    Ok(out)
+}
