@@ -9,7 +9,8 @@
 //!  "outputs": {"F32": "<hex>", "BF16": "<hex>", "F16": "<hex>"},
 //!  "refuse": null, "oracle": "tensorfs 0.17.2 raw.decode_into"}
 //! ```
-//! `refuse`, when a string, is a fragment our refusal must contain; `outputs` is then empty.
+//! `refuse`, when a string, is a fragment our refusal must contain; `outputs` is then empty,
+//! and the refusal is tried with the logical dtype `dtype` when the fixture gives one, else F32.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,8 @@ struct Case {
     parts: Vec<(String, Dtype, Vec<u64>, Vec<u8>)>,
     outputs: Vec<(Dtype, Vec<u8>)>,
     refuse: Option<String>,
+    /// The logical dtype a refusal is tried with (F32 unless the fixture says).
+    dtype: Option<Dtype>,
 }
 
 fn load(path: &Path) -> Case {
@@ -105,7 +108,12 @@ fn load(path: &Path) -> Case {
         Some(Json::Text(t)) => Some(t.clone()),
         _ => None,
     };
+    let dtype = fields
+        .iter()
+        .find(|(k, _)| k == "dtype")
+        .map(|(_, v)| Dtype::parse(text(v)).unwrap());
     Case {
+        dtype,
         scheme: text(field(&fields, "scheme")).to_owned(),
         params,
         shape: shape(field(&fields, "shape")),
@@ -152,7 +160,7 @@ fn every_fixture_decodes_bit_for_bit_or_is_refused() {
             })
             .collect();
         let dtypes: Vec<Dtype> = match &case.refuse {
-            Some(_) => vec![Dtype::F32],
+            Some(_) => vec![case.dtype.clone().unwrap_or(Dtype::F32)],
             None => case.outputs.iter().map(|(d, _)| d.clone()).collect(),
         };
         for dtype in dtypes {
