@@ -232,6 +232,16 @@ pub struct Part<'a> {
     pub bytes: &'a [u8],
 }
 
+impl Part<'_> {
+    /// The part's elements as f32, exactly (F32, BF16, F16 or an 8-bit float format).
+    ///
+    /// # Panics
+    /// On another dtype: callers check the part's dtype first ([`Parts::dtype`]).
+    pub fn floats(&self) -> Vec<f32> {
+        elem::floats(self.dtype, self.bytes).expect("a checked float dtype")
+    }
+}
+
 /// An encoded tensor to decode: its encoding, logical dtype and shape, and parts.
 #[derive(Clone, Debug)]
 pub struct Encoded<'a> {
@@ -555,6 +565,26 @@ impl<'t, 'a> Parts<'t, 'a> {
             part,
             format!("shape {:?} does not hold {n} elements", part.shape),
         ))
+    }
+
+    /// Checks that `part` holds exactly the bytes its dtype and shape declare (spec §5), so a
+    /// decoder may index them without bounds surprises.
+    ///
+    /// # Errors
+    /// Another length, or a dtype of unknown width.
+    pub fn sized(&self, part: &Part<'_>) -> DecodeResult<()> {
+        match part.dtype.byte_len(part.shape) {
+            Ok(Some(n)) if n == part.bytes.len() as u64 => Ok(()),
+            _ => Err(self.bad(
+                part,
+                format!(
+                    "{} bytes are not those of {} {:?}",
+                    part.bytes.len(),
+                    part.dtype,
+                    part.shape
+                ),
+            )),
+        }
     }
 
     /// A refusal of `tensor`'s logical shape or dtype.

@@ -2,6 +2,8 @@
 
 use std::sync::LazyLock;
 
+use crate::format::Dtype;
+
 /// `F8_E4M3` (OCP "fn"): sign bit 7, exponent bits 3–6 (bias 7), mantissa bits 0–2;
 /// `e = 0`: `m × 2^−9`; else `(1 + m/8) × 2^(e−7)`; `S.1111.111` is NaN; no infinities.
 pub fn e4m3(b: u8) -> f32 {
@@ -35,7 +37,8 @@ pub fn e8m0(b: u8) -> f32 {
 }
 
 /// UE4M3 (ggml's unsigned E4M3 inside structs): bit 7 ignored, exponent bits 3–6 (bias 7),
-/// mantissa bits 0–2, `0x7F` is zero, no NaN.
+/// mantissa bits 0–2, no NaN; the byte `0x7F` (and only that byte: `0xFF` is 480) is zero, as
+/// ggml's `ggml_ue4m3_to_fp32`, gguf-py and the reference read it.
 pub fn ue4m3(b: u8) -> f32 {
     UE4M3[b as usize]
 }
@@ -58,6 +61,40 @@ pub fn bf16(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+/// The table of the 8-bit float format `dtype` names ([`e4m3_table`], [`e5m2_table`],
+/// [`e8m0_table`]), for a decoder that reads the part's dtype; `None` for any other dtype.
+pub fn table(dtype: &Dtype) -> Option<&'static [f32; 256]> {
+    match dtype {
+        Dtype::F8_E4M3 => Some(e4m3_table()),
+        Dtype::F8_E5M2 => Some(e5m2_table()),
+        Dtype::F8_E8M0 => Some(e8m0_table()),
+        _ => None,
+    }
+}
+
+/// A part's elements as f32, exactly: `F32`, `BF16`, `F16` (little-endian) or an 8-bit float
+/// format of [`table`]; `None` for any other dtype.
+pub fn floats(dtype: &Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+    let halves = |f: fn(u16) -> f32| {
+        bytes
+            .chunks_exact(2)
+            .map(|c| f(u16::from_le_bytes([c[0], c[1]])))
+            .collect()
+    };
+    Some(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => halves(bf16),
+        Dtype::F16 => halves(f16),
+        other => {
+            let t = table(other)?;
+            bytes.iter().map(|&b| t[b as usize]).collect()
+        }
+    })
+}
+
 /// `(1 + m/2^mbits) × 2^(e−bias)` or the subnormal `m × 2^(1−bias−mbits)`, exactly.
 fn minifloat(e: u32, m: u32, bias: i32, mbits: u32) -> f32 {
     let scale = |p: i32| (p as f64).exp2();
@@ -69,7 +106,7 @@ fn minifloat(e: u32, m: u32, bias: i32, mbits: u32) -> f32 {
     v as f32
 }
 
-fn table(f: impl Fn(u8) -> f32) -> [f32; 256] {
+fn build(f: impl Fn(u8) -> f32) -> [f32; 256] {
     std::array::from_fn(|b| f(b as u8))
 }
 
@@ -82,7 +119,7 @@ fn signed(b: u8, magnitude: f32) -> f32 {
 }
 
 static E4M3: LazyLock<[f32; 256]> = LazyLock::new(|| {
-    table(|b| {
+    build(|b| {
         let (e, m) = ((b >> 3) as u32 & 15, b as u32 & 7);
         if e == 15 && m == 7 {
             return f32::NAN;
@@ -92,7 +129,7 @@ static E4M3: LazyLock<[f32; 256]> = LazyLock::new(|| {
 });
 
 static E5M2: LazyLock<[f32; 256]> = LazyLock::new(|| {
-    table(|b| {
+    build(|b| {
         let (e, m) = ((b >> 2) as u32 & 31, b as u32 & 3);
         match (e, m) {
             (31, 0) => signed(b, f32::INFINITY),
@@ -103,16 +140,16 @@ static E5M2: LazyLock<[f32; 256]> = LazyLock::new(|| {
 });
 
 static E8M0: LazyLock<[f32; 256]> = LazyLock::new(|| {
-    table(|b| match b {
+    build(|b| match b {
         255 => f32::NAN,
         b => ((b as i32 - 127) as f64).exp2() as f32,
     })
 });
 
 static UE4M3: LazyLock<[f32; 256]> = LazyLock::new(|| {
-    table(|b| match b & 0x7F {
+    build(|b| match b {
         0x7F => 0.0,
-        low => minifloat((low >> 3) as u32, low as u32 & 7, 7, 3),
+        b => minifloat(((b & 0x7F) >> 3) as u32, b as u32 & 7, 7, 3),
     })
 });
 
@@ -150,12 +187,23 @@ mod tests {
     }
 
     #[test]
-    fn ue4m3_ignores_the_sign_and_reads_0x7f_as_zero() {
+    fn ue4m3_ignores_the_sign_and_reads_only_the_byte_0x7f_as_zero() {
         assert_eq!(ue4m3(0x38), 1.0);
         assert_eq!(ue4m3(0xB8), 1.0);
         assert_eq!(ue4m3(0x7F), 0.0);
-        assert_eq!(ue4m3(0xFF), 0.0);
+        assert_eq!(ue4m3(0xFF), 480.0);
         assert_eq!(ue4m3(0x7E), 448.0);
+    }
+
+    #[test]
+    fn floats_reads_every_scale_dtype_and_refuses_others() {
+        assert_eq!(floats(&Dtype::F32, &1.5f32.to_le_bytes()), Some(vec![1.5]));
+        assert_eq!(floats(&Dtype::BF16, &[0x80, 0x3F]), Some(vec![1.0]));
+        assert_eq!(floats(&Dtype::F16, &[0x00, 0x3C]), Some(vec![1.0]));
+        assert_eq!(floats(&Dtype::F8_E8M0, &[128]), Some(vec![2.0]));
+        assert_eq!(floats(&Dtype::F8_E4M3, &[0x7E]), Some(vec![448.0]));
+        assert_eq!(floats(&Dtype::I8, &[1]), None);
+        assert_eq!(table(&Dtype::F8_E5M2).unwrap()[0x3C], 1.0);
     }
 
     #[test]

@@ -100,6 +100,15 @@ pub fn signed(raw: u32, bits: u32) -> i32 {
     ((raw << shift) as i32) >> shift
 }
 
+/// Code `t` of a run of 4-bit codes packed two to a byte (`word` fill in `U8` words): code
+/// `2k` in the low nibble of byte `k` (`low_first`, spec §5's `F4`), or in the high nibble
+/// (`high_first`).
+#[inline]
+pub fn nibble(bytes: &[u8], t: usize, high_first: bool) -> u8 {
+    let shift = ((t & 1) ^ high_first as usize) * 4;
+    (bytes[t / 2] >> shift) & 15
+}
+
 /// Word `index` of a part of `word_bits`-bit little-endian words.
 #[inline]
 pub fn word_at(bytes: &[u8], word_bits: u32, index: u64) -> u32 {
@@ -184,6 +193,24 @@ mod tests {
             assert_eq!(p.raw(8, t, lane(&words)), t as u32);
         }
         assert_eq!(p.words(8), 3);
+    }
+
+    #[test]
+    fn nibbles_follow_the_order_and_cross_bytes() {
+        let bytes = [0x21, 0x43];
+        let low: Vec<u8> = (0..4).map(|t| nibble(&bytes, t, false)).collect();
+        let high: Vec<u8> = (0..4).map(|t| nibble(&bytes, t, true)).collect();
+        assert_eq!(low, [1, 2, 3, 4]);
+        assert_eq!(high, [2, 1, 4, 3]);
+        let p = Packing {
+            bits: 4,
+            word_bits: 8,
+            fill: Fill::Word,
+            order: Order::HighFirst,
+        };
+        for t in 0..4 {
+            assert_eq!(p.raw(4, t, lane(&[0x21, 0x43])), high[t as usize] as u32);
+        }
     }
 
     #[test]

@@ -75,25 +75,6 @@ fn weigh(kind: Weight, row: &[u8], values: &mut [f32], scale: impl Fn(usize) -> 
     }
 }
 
-/// A float scale part's elements as f32 (F32, BF16 or F16, little-endian).
-pub(crate) fn floats(dtype: &Dtype, bytes: &[u8]) -> Vec<f32> {
-    match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| elem::bf16(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| elem::f16(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        other => unreachable!("checked float dtype, found {other}"),
-    }
-}
-
 fn prepare<'a>(
     tensor: &Encoded<'a>,
     logical: Logical,
@@ -138,7 +119,7 @@ fn prepare<'a>(
     Ok(Box::new(Scaled {
         weight: weight.bytes,
         kind,
-        scales: floats(scale.dtype, scale.bytes),
+        scales: scale.floats(),
         grid,
         view,
         logical,

@@ -20,8 +20,11 @@ use crate::format::{Body, Header, ObjectRef, Sha256};
 /// A decoded tensor: (header, component, tensor).
 type Key = (Sha256, usize, usize);
 
+/// Decoded tensors by key, and their total bytes.
+type Entries = (LruCache<Key, Arc<Vec<u8>>>, u64);
+
 struct Cache {
-    entries: Mutex<(LruCache<Key, Arc<Vec<u8>>>, u64)>,
+    entries: Mutex<Entries>,
     /// One lock per tensor being decoded, so concurrent readers decode it once.
     decoding: Mutex<HashMap<Key, Arc<Mutex<()>>>>,
 }
