@@ -4,6 +4,7 @@ mod export;
 mod import;
 mod inspect;
 mod mount;
+mod quantize;
 mod target;
 mod verify;
 
@@ -37,6 +38,8 @@ pub enum Command {
     Inspect(inspect::Args),
     /// Write a lane folder's files (the same files the mount shows) into DIR.
     Export(export::Args),
+    /// Write a new lane with REF's weights encoded by a scheme (int8.rowwise, fp8.rowwise, mxfp8, nvfp4).
+    Quantize(quantize::Args),
     /// Re-hash objects: every blob, or the closure of REF; --repair removes damaged ones.
     Verify(verify::Args),
     /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default).
@@ -114,6 +117,7 @@ pub fn main() -> ExitCode {
         Command::Ls(args) => inspect::ls(&cli, args),
         Command::Inspect(args) => inspect::run(&cli, args),
         Command::Export(args) => export::run(&cli, args),
+        Command::Quantize(args) => quantize::run(&cli, args),
         Command::Verify(args) => verify::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),

@@ -314,6 +314,28 @@ pub fn import(
         });
     }
 
+    let new_objects = publish(store, staged, name, &trees)?;
+    Ok(ImportReport {
+        name: name.to_owned(),
+        lanes: reports,
+        skipped: skipped.into_iter().collect(),
+        warnings,
+        chunk_bytes: total,
+        new_objects,
+    })
+}
+
+/// Publishes `staged` objects under the collector's fence, then makes `commits` the newest of
+/// repo `name` (creating it); returns how many objects were new to the store.
+///
+/// # Errors
+/// A rename or the ref update fails (objects already published stay, unreferenced).
+pub(crate) fn publish(
+    store: &Store,
+    staged: Vec<Staged>,
+    name: &str,
+    commits: &[ObjectRef],
+) -> Result<usize, StoreError> {
     let _fence = store.fence()?;
     let mut new_objects = 0;
     for s in staged {
@@ -328,18 +350,11 @@ pub fn import(
             commits: Vec::new(),
         });
         // Newest last: a re-import makes its commits the newest again.
-        repo.commits.retain(|c| !trees.contains(c));
-        repo.commits.extend(trees.iter().copied());
+        repo.commits.retain(|c| !commits.contains(c));
+        repo.commits.extend(commits.iter().copied());
         repo
     })?;
-    Ok(ImportReport {
-        name: name.to_owned(),
-        lanes: reports,
-        skipped: skipped.into_iter().collect(),
-        warnings,
-        chunk_bytes: total,
-        new_objects,
-    })
+    Ok(new_objects)
 }
 
 /// The refusal of a source without safetensors weights, saying what it has instead.
@@ -371,7 +386,7 @@ fn nothing_to_import(path: &Path, source: &scan::Source) -> ImportError {
 }
 
 /// The header's file name in the tree: `model.cozytensors`, unless a repo file has it.
-fn header_name(files: &BTreeMap<String, ObjectRef>) -> String {
+pub(crate) fn header_name(files: &BTreeMap<String, ObjectRef>) -> String {
     let mut name = "model.cozytensors".to_owned();
     while files.contains_key(&name) {
         name.insert(0, '_');
@@ -379,7 +394,7 @@ fn header_name(files: &BTreeMap<String, ObjectRef>) -> String {
     name
 }
 
-fn check_name(name: &str) -> Result<(), ImportError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ImportError> {
     let usage = |why: &str| ImportError::Usage(format!("repo name {name:?}: {why}"));
     let (org, model) = split_repo_name(name).map_err(|_| usage("is not local/<name>"))?;
     if org != "local" {
@@ -395,7 +410,7 @@ fn check_name(name: &str) -> Result<(), ImportError> {
     Ok(())
 }
 
-fn stage_bytes(
+pub(crate) fn stage_bytes(
     store: &Store,
     bytes: &[u8],
     staged: &mut Vec<Staged>,

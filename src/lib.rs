@@ -4,11 +4,13 @@
 
 pub mod cli;
 pub mod decode;
+pub mod encode;
 pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod import;
 pub mod io;
 pub mod layout;
+pub mod quantize;
 pub mod revisions;
 pub mod store;

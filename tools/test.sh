@@ -10,6 +10,8 @@
 # 4. the end-to-end checks against the release binary and real FUSE mounts:
 #    tools/main-job.sh (all-MiniLM-L6-v2 imported, mounted, embeddings and SHA-256s equal),
 #    tools/e2e/diffusers_e2e.sh (tiny SD: default lane, fp16 lane, fp16 with fallback),
+#    tools/e2e/quantized_check.py (lanes written by `tensorfs quantize`: verified and decoded
+#    equally by `tfs`, loaded by Transformers from `<lane>@decoded`),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
 #    exported by `tfs`).
 # Stops at the first failure, naming the step; a step past its time limit fails (the cargo
@@ -73,6 +75,9 @@ if [ $run_e2e = 1 ]; then
     step "diffusers e2e (tiny SD lanes through the mount)" \
         timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/e2e/diffusers_e2e.sh"
     passed+=("diffusers e2e")
+    step "quantized lanes (tensorfs quantize, decoded view, reference decode)" \
+        timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/quantized_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/quantized"
+    passed+=("quantized")
     step "compat_check (reference tfs 0.17.2)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/compat_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/compat"
     passed+=("compat")

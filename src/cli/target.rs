@@ -96,7 +96,7 @@ pub fn resolve_one(
     if targets.len() != 1 {
         let lanes: Vec<&str> = targets.iter().map(|t| t.lane.as_str()).collect();
         bail!(
-            "{reference} has several lanes ({}); pick one with --lane",
+            "{reference} has several lanes ({}); pick one",
             lanes.join(", ")
         );
     }

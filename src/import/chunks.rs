@@ -66,49 +66,83 @@ pub fn block_of(key: &str) -> &str {
     &key[..end]
 }
 
-/// Plans one component's parts, in order.
-pub fn plan(items: &[Item<'_>]) -> Plan {
-    let mut chunks: Vec<u64> = Vec::new();
-    let mut places = vec![Location::default(); items.len()];
-    // The open pack: its index and the block of its last part.
-    let mut pack: Option<(usize, &str)> = None;
-    for (i, item) in items.iter().enumerate() {
-        if item.length == 0 {
-            continue;
+/// The §10 rule applied one part at a time: each part's place depends only on the parts
+/// before it, so a writer can place parts as it produces them.
+#[derive(Clone, Debug, Default)]
+pub struct Planner {
+    /// Chunk lengths so far, in index order.
+    chunks: Vec<u64>,
+    /// The open pack: its index and the block of its last part.
+    pack: Option<(usize, String)>,
+}
+
+impl Planner {
+    /// A planner with no chunk yet.
+    pub fn new() -> Planner {
+        Planner::default()
+    }
+
+    /// Places a part of `length` bytes of tensor `key`; the location's chunk index counts from
+    /// this planner's first chunk.
+    pub fn place(&mut self, key: &str, length: u64) -> Location {
+        if length == 0 {
+            return Location::default();
         }
-        if item.length >= STANDALONE_BYTES {
-            places[i] = Location {
-                chunk: chunks.len() as u64,
+        if length >= STANDALONE_BYTES {
+            let place = Location {
+                chunk: self.chunks.len() as u64,
                 offset: 0,
-                length: item.length,
+                length,
             };
-            let mut left = item.length;
+            let mut left = length;
             while left > 0 {
                 let take = left.min(CHUNK_MAX_BYTES);
-                chunks.push(take);
+                self.chunks.push(take);
                 left -= take;
             }
-            continue;
+            return place;
         }
-        let block = block_of(item.key);
-        let open = pack.and_then(|(c, last)| {
-            let start = chunks[c].next_multiple_of(ALIGN_BYTES);
-            let full = chunks[c] >= BLOCK_CLOSE_BYTES && last != block;
-            (!full && start + item.length <= CHUNK_MAX_BYTES).then_some((c, start))
+        let block = block_of(key);
+        let open = self.pack.as_ref().and_then(|(c, last)| {
+            let start = self.chunks[*c].next_multiple_of(ALIGN_BYTES);
+            let full = self.chunks[*c] >= BLOCK_CLOSE_BYTES && last != block;
+            (!full && start + length <= CHUNK_MAX_BYTES).then_some((*c, start))
         });
         let (c, offset) = open.unwrap_or_else(|| {
-            chunks.push(0);
-            (chunks.len() - 1, 0)
+            self.chunks.push(0);
+            (self.chunks.len() - 1, 0)
         });
-        chunks[c] = offset + item.length;
-        places[i] = Location {
+        self.chunks[c] = offset + length;
+        self.pack = Some((c, block.to_owned()));
+        Location {
             chunk: c as u64,
             offset,
-            length: item.length,
-        };
-        pack = Some((c, block));
+            length,
+        }
     }
-    Plan { chunks, places }
+
+    /// The open pack's index, if any (a part placed in it may still follow).
+    pub fn open_pack(&self) -> Option<usize> {
+        self.pack.as_ref().map(|(c, _)| *c)
+    }
+
+    /// Chunk lengths, in index order.
+    pub fn chunks(&self) -> &[u64] {
+        &self.chunks
+    }
+}
+
+/// Plans one component's parts, in order.
+pub fn plan(items: &[Item<'_>]) -> Plan {
+    let mut planner = Planner::new();
+    let places = items
+        .iter()
+        .map(|i| planner.place(i.key, i.length))
+        .collect();
+    Plan {
+        chunks: planner.chunks,
+        places,
+    }
 }
 
 /// Bytes of a source file to copy into a chunk.
