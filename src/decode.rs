@@ -597,4 +597,6 @@ impl<'t, 'a> Parts<'t, 'a> {
 }
 
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;

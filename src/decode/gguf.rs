@@ -516,7 +516,8 @@ pub(super) const SCHEMES: [super::Scheme; 14] = [
 
 #[cfg(test)]
 mod tests {
-    use super::super::{decode, prepare, DecodeError, Encoded, Part};
+    use super::super::testing::{decoded, floats, le_f32s, params, refusal};
+    use super::super::{prepare, DecodeError, Encoded, Part};
     use crate::format::{Config, Dtype, Value};
 
     /// Every type of the spec's table: name, `n`, `S`.
@@ -536,13 +537,6 @@ mod tests {
         ("q1_0", 128, 18),
         ("q2_0", 64, 18),
     ];
-
-    fn params(entries: &[(&str, Value)]) -> Config {
-        entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect()
-    }
 
     fn block_size(n: u64) -> Config {
         params(&[("block_size", Value::Uint(n))])
@@ -581,23 +575,10 @@ mod tests {
         }
     }
 
-    fn refusal(t: &Encoded<'_>) -> DecodeError {
-        prepare(t).err().expect("refused")
-    }
-
     fn accepted(t: &Encoded<'_>) {
         if let Err(e) = prepare(t) {
             panic!("refused: {e}");
         }
-    }
-
-    fn floats(t: &Encoded<'_>) -> Vec<f32> {
-        let count: u64 = t.shape.iter().product();
-        let mut out = vec![0u8; count as usize * 4];
-        decode(t, &mut out).expect("decodes");
-        out.chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
     }
 
     /// Decodes one struct of `scheme` into F32.
@@ -997,10 +978,7 @@ mod tests {
         for (first, count) in [(0, 1), (1, 1), (1, 2), (2, 2), (3, 1), (0, 4)] {
             let mut out = vec![0u8; count * 40 * 4];
             decoder.rows(first as u64, &mut out).unwrap();
-            let got: Vec<f32> = out
-                .chunks(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
+            let got = le_f32s(&out);
             assert_eq!(
                 got,
                 whole[first * 40..(first + count) * 40],
@@ -1032,8 +1010,8 @@ mod tests {
                 shape: &[64],
                 parts: vec![blocks(&[2, 34], &b)],
             };
-            let mut out = vec![0u8; 128];
-            decode(&t, &mut out).unwrap();
+            let out = decoded(&t).unwrap();
+            assert_eq!(out.len(), 128);
             let at = |i: usize| u16::from_le_bytes([out[2 * i], out[2 * i + 1]]);
             assert_eq!([at(0), at(31)], [nan, nan], "{dtype}");
             assert_eq!([at(32), at(48)], [one, three], "{dtype}");

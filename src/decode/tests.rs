@@ -1,5 +1,6 @@
 //! Tests of the decode core.
 
+use super::testing::{refusal, Case};
 use super::*;
 
 #[test]
@@ -43,15 +44,7 @@ fn rounding_keeps_subnormals_ties_to_even_and_canonical_nans() {
 
 #[test]
 fn an_unknown_scheme_is_refused_by_name() {
-    let params = Config::new();
-    let tensor = Encoded {
-        scheme: "future.q9",
-        params: &params,
-        dtype: &Dtype::BF16,
-        shape: &[2, 2],
-        parts: vec![],
-    };
-    let err = prepare(&tensor).err().expect("refused");
+    let err = Case::new("future.q9", &[2, 2]).with(Dtype::BF16, refusal);
     assert_eq!(err, DecodeError::UnknownScheme("future.q9".into()));
     assert!(err.to_string().contains("future.q9"));
 }

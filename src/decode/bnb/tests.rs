@@ -2,10 +2,8 @@
 //! and refusals at their limits.
 
 use super::*;
-use crate::decode::{decode, Part};
+use crate::decode::testing::{f32_bytes, le_u32s, Case, Stored};
 use crate::format::{Config, Sha256, Value};
-
-type Stored = (&'static str, Dtype, Vec<u64>, Vec<u8>);
 
 fn params(block: u64, double_quant: bool) -> Config {
     [
@@ -16,34 +14,15 @@ fn params(block: u64, double_quant: bool) -> Config {
     .collect()
 }
 
-fn f32s(vs: &[f32]) -> Vec<u8> {
-    vs.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
 /// Decodes to F32 bits, or the refusal.
-fn run(scheme: &str, p: &Config, shape: &[u64], parts: &[Stored]) -> DecodeResult<Vec<u32>> {
-    let tensor = Encoded {
-        scheme,
-        params: p,
-        dtype: &Dtype::F32,
-        shape,
-        parts: parts
-            .iter()
-            .map(|(role, dtype, shape, bytes)| Part {
-                role,
-                dtype,
-                shape,
-                bytes,
-            })
-            .collect(),
-    };
-    let n: u64 = shape.iter().product();
-    let mut out = vec![0u8; n as usize * 4];
-    decode(&tensor, &mut out)?;
-    Ok(out
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect())
+fn run(
+    scheme: &'static str,
+    p: &Config,
+    shape: &[u64],
+    parts: &[Stored],
+) -> DecodeResult<Vec<u32>> {
+    let bytes = Case::of(scheme, p, shape, parts).try_bytes(Dtype::F32)?;
+    Ok(le_u32s(&bytes))
 }
 
 fn bits(vs: &[f32]) -> Vec<u32> {
@@ -65,7 +44,7 @@ fn stored_map(table: &[f32; 16]) -> Stored {
         .iter()
         .map(|&v| if v == 0.0 { 0.0 } else { v })
         .collect();
-    ("quant_map", Dtype::F32, vec![16], f32s(&map))
+    ("quant_map", Dtype::F32, vec![16], f32_bytes(&map))
 }
 
 fn plain(codes: &[u8], absmax: &[f32], table: &[f32; 16]) -> Vec<Stored> {
@@ -76,14 +55,14 @@ fn plain(codes: &[u8], absmax: &[f32], table: &[f32; 16]) -> Vec<Stored> {
             "absmax",
             Dtype::F32,
             vec![absmax.len() as u64],
-            f32s(absmax),
+            f32_bytes(absmax),
         ),
     ]
 }
 
 #[test]
 fn the_tables_are_appendix_a_by_their_sha256() {
-    let hex = |t: &[f32; 16]| Sha256::of(&f32s(t)).to_string();
+    let hex = |t: &[f32; 16]| Sha256::of(&f32_bytes(t)).to_string();
     assert_eq!(
         hex(&NF4),
         "8501941daa1b8a90ad1bbfeb632e5101b5dddbc4bb52d6e55abcfd777e60c06a"
@@ -145,10 +124,10 @@ fn nested(codes: &[u8], absmax: &[u8], nested_absmax: &[f32], offset: f32) -> Ve
             "nested_absmax",
             Dtype::F32,
             vec![nested_absmax.len() as u64],
-            f32s(nested_absmax),
+            f32_bytes(nested_absmax),
         ),
-        ("nested_quant_map", Dtype::F32, vec![256], f32s(&map)),
-        ("nested_offset", Dtype::F32, vec![1], f32s(&[offset])),
+        ("nested_quant_map", Dtype::F32, vec![256], f32_bytes(&map)),
+        ("nested_offset", Dtype::F32, vec![1], f32_bytes(&[offset])),
     ]
 }
 
@@ -172,7 +151,7 @@ fn quant_map_must_equal_the_table_as_numbers() {
     let p = params(32, false);
     let run_map = |table: &[f32; 16], map: &[f32]| {
         let mut parts = plain(&[1, 2], &[1.0], table);
-        parts[1].3 = f32s(map);
+        parts[1].3 = f32_bytes(map);
         run(
             if table == &NF4 { "bnb.nf4" } else { "bnb.fp4" },
             &p,
@@ -219,7 +198,7 @@ fn absmax_is_u8_codes_exactly_when_double_quant() {
     let dq = nested(&codes, &[7], &[1.0], 0.0);
     assert!(run("bnb.nf4", &params(32, true), &[2], &dq).is_ok());
     let mut f32_absmax = dq.clone();
-    f32_absmax[2] = ("absmax", Dtype::F32, vec![1], f32s(&[1.0]));
+    f32_absmax[2] = ("absmax", Dtype::F32, vec![1], f32_bytes(&[1.0]));
     let err = run("bnb.nf4", &params(32, true), &[2], &f32_absmax).unwrap_err();
     assert!(err.to_string().contains("absmax"), "{err}");
     let mut u8_absmax = plain(&codes, &[1.0], &NF4);
@@ -262,7 +241,7 @@ fn int8(weight: &[i8], shape: &[u64], scb: &[f32]) -> Vec<Stored> {
             shape.to_vec(),
             weight.iter().map(|&w| w as u8).collect(),
         ),
-        ("SCB", Dtype::F32, vec![scb.len() as u64], f32s(scb)),
+        ("SCB", Dtype::F32, vec![scb.len() as u64], f32_bytes(scb)),
     ]
 }
 

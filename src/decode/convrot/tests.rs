@@ -3,8 +3,8 @@
 //! param and part refused at its limits from both sides.
 
 use super::*;
-use crate::decode::{decode, prepare, DecodeError};
-use crate::format::{Config, Value};
+use crate::decode::testing::{assert_refused, f32_bytes, int, text, Case};
+use crate::decode::DecodeError;
 
 /// `H₄` of spec Appendix A.1.
 const H4: [[i32; 4]; 4] = [[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]];
@@ -71,115 +71,17 @@ fn column_prefixes_are_partial_column_sums_of_the_matrix() {
     }
 }
 
-/// A tensor to decode, owning its params and parts.
-#[derive(Clone)]
-struct Case {
-    scheme: &'static str,
-    params: Config,
-    shape: Vec<u64>,
-    parts: Vec<(&'static str, Dtype, Vec<u64>, Vec<u8>)>,
-}
-
-impl Case {
-    fn new(scheme: &'static str, shape: &[u64], block: i64) -> Case {
-        Case {
-            scheme,
-            params: Config::new(),
-            shape: shape.to_vec(),
-            parts: Vec::new(),
-        }
+/// `scheme` over `shape`, rotated by `kron_regular_h4` in blocks of `block`.
+fn rotating(scheme: &'static str, shape: &[u64], block: i64) -> Case {
+    Case::new(scheme, shape)
         .param("rotation", text("kron_regular_h4"))
         .param("rotation_size", int(block))
-    }
-
-    fn param(mut self, key: &str, value: Value) -> Case {
-        self.params.insert(key.to_owned(), value);
-        self
-    }
-
-    fn no_param(mut self, key: &str) -> Case {
-        self.params.remove(key);
-        self
-    }
-
-    fn part(mut self, role: &'static str, dtype: Dtype, shape: &[u64], bytes: Vec<u8>) -> Case {
-        self.parts.retain(|p| p.0 != role);
-        self.parts.push((role, dtype, shape.to_vec(), bytes));
-        self
-    }
-
-    fn no_part(mut self, role: &str) -> Case {
-        self.parts.retain(|p| p.0 != role);
-        self
-    }
-
-    fn with<R>(&self, dtype: Dtype, f: impl FnOnce(&Encoded<'_>) -> R) -> R {
-        let parts = self
-            .parts
-            .iter()
-            .map(|(role, dtype, shape, bytes)| Part {
-                role,
-                dtype,
-                shape,
-                bytes,
-            })
-            .collect();
-        f(&Encoded {
-            scheme: self.scheme,
-            params: &self.params,
-            dtype: &dtype,
-            shape: &self.shape,
-            parts,
-        })
-    }
-
-    fn refusal(&self) -> DecodeError {
-        self.with(Dtype::F32, |t| prepare(t).err().expect("refused"))
-    }
-
-    fn accepted(&self) -> bool {
-        self.with(Dtype::F32, |t| prepare(t).is_ok())
-    }
-
-    fn f32s(&self) -> Vec<f32> {
-        self.with(Dtype::F32, |t| {
-            let n = View::of(&self.shape).unwrap().len() as usize;
-            let mut out = vec![0u8; 4 * n];
-            decode(t, &mut out).expect("decodes");
-            out.chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        })
-    }
-}
-
-fn int(n: i64) -> Value {
-    if n < 0 {
-        Value::Nint((-1 - n) as u64)
-    } else {
-        Value::Uint(n as u64)
-    }
-}
-
-fn text(t: &str) -> Value {
-    Value::Text(t.into())
-}
-
-fn f32_bytes(vs: &[f32]) -> Vec<u8> {
-    vs.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn assert_refused(case: &Case, fragments: &[&str]) {
-    let message = case.refusal().to_string();
-    for f in fragments {
-        assert!(message.contains(f), "{message:?} lacks {f:?}");
-    }
 }
 
 // ---------------------------------------------------------------------------------- int8, int4
 
 fn int8(shape: &[u64], block: i64, weight: &[i8], scales: &[f32]) -> Case {
-    Case::new("int8.convrot", shape, block)
+    rotating("int8.convrot", shape, block)
         .part(
             "weight",
             Dtype::I8,
@@ -221,7 +123,7 @@ fn int8_convrot_takes_half_precision_scales_and_a_stack() {
 #[test]
 fn int4_convrot_reads_signed_nibbles_low_first() {
     // Byte 0x7F: column 0 is 0xF = −1, column 1 is 7; byte 0x08: −8 then 0.
-    let case = Case::new("int4.convrot", &[1, 4], 4)
+    let case = rotating("int4.convrot", &[1, 4], 4)
         .part("weight", Dtype::I8, &[1, 2], vec![0x7F, 0x08])
         .part("scale", Dtype::F32, &[1], f32_bytes(&[2.0]));
     let x = [-1, 7, -8, 0];
@@ -292,7 +194,7 @@ fn int_convrot_refuses_columns_off_the_block_and_parts_off_their_rules() {
         &["zero"],
     );
 
-    let int4 = Case::new("int4.convrot", &[2, 4], 4)
+    let int4 = rotating("int4.convrot", &[2, 4], 4)
         .part("weight", Dtype::I8, &[2, 2], vec![0; 4])
         .part("scale", Dtype::F32, &[2], f32_bytes(&[1.0, 1.0]));
     assert!(int4.accepted());
@@ -338,7 +240,7 @@ fn kitchen(
         }
     }
     let groups = (cols / group as usize) as u64;
-    Case::new(scheme, shape, block)
+    rotating(scheme, shape, block)
         .param("group_size", int(group))
         .part("weight", Dtype::I8, &[shape[0], width as u64], weight)
         .part(
@@ -550,16 +452,12 @@ fn the_correction_table_and_sums_computed_per_element_agree() {
 
 #[test]
 fn a_nan_product_is_refused_before_any_row_but_only_where_a_code_makes_one() {
+    // One row of 32 in groups and blocks of 16, row scale 1.
+    let asym = |codes: &[u8], gs: &[f32]| {
+        kitchen("comfy.asym_w4a8_int8", &[1, 32], 16, 16, codes, gs, &[1.0])
+    };
     let codes: Vec<u8> = vec![1; 32];
-    let base = kitchen(
-        "comfy.asym_w4a8_int8",
-        &[1, 32],
-        16,
-        16,
-        &codes,
-        &[1.0, 1.0],
-        &[1.0],
-    );
+    let base = asym(&codes, &[1.0, 1.0]);
     let nan_gs = base.clone().part(
         "group_scale",
         Dtype::F32,
@@ -579,15 +477,7 @@ fn a_nan_product_is_refused_before_any_row_but_only_where_a_code_makes_one() {
     assert!(v.iter().all(|x| x.is_finite()), "±∞ saturates to ±127");
     let mut zero = codes.clone();
     zero[5] = 8;
-    let zero_level = kitchen(
-        "comfy.asym_w4a8_int8",
-        &[1, 32],
-        16,
-        16,
-        &zero,
-        &[f32::INFINITY, 1.0],
-        &[1.0],
-    );
+    let zero_level = asym(&zero, &[f32::INFINITY, 1.0]);
     assert_refused(&zero_level, &["(0, 5)", "NaN"]);
     // A NaN level counts only where a code uses it.
     let mut book = [0.5f32; 16];
@@ -598,33 +488,13 @@ fn a_nan_product_is_refused_before_any_row_but_only_where_a_code_makes_one() {
     assert!(unused.accepted());
     let mut used = codes.clone();
     used[31] = 3;
-    let used = kitchen(
-        "comfy.asym_w4a8_int8",
-        &[1, 32],
-        16,
-        16,
-        &used,
-        &[1.0, 1.0],
-        &[1.0],
-    )
-    .part("codebook", Dtype::F32, &[16], f32_bytes(&book));
+    let used = asym(&used, &[1.0, 1.0]).part("codebook", Dtype::F32, &[16], f32_bytes(&book));
     assert_refused(&used, &["(0, 31)"]);
     // An infinite level is NaN only on a zero scale.
     book[3] = f32::INFINITY;
-    let inf_level = kitchen(
-        "comfy.asym_w4a8_int8",
-        &[1, 32],
-        16,
-        16,
-        &{
-            let mut c = codes.clone();
-            c[0] = 3;
-            c
-        },
-        &[0.0, 1.0],
-        &[1.0],
-    )
-    .part("codebook", Dtype::F32, &[16], f32_bytes(&book));
+    let mut first = codes.clone();
+    first[0] = 3;
+    let inf_level = asym(&first, &[0.0, 1.0]).part("codebook", Dtype::F32, &[16], f32_bytes(&book));
     assert_refused(&inf_level, &["(0, 0)"]);
 }
 
@@ -722,15 +592,10 @@ fn kitchen_schemes_refuse_columns_off_the_group_or_the_block() {
 
 #[test]
 fn kitchen_schemes_refuse_parts_off_their_rules() {
-    let asym = kitchen(
-        "comfy.asym_w4a8_int8",
-        &[2, 32],
-        16,
-        16,
-        &[0; 64],
-        &[1.0; 4],
-        &[1.0; 2],
-    );
+    // [2, 32] in groups and blocks of 16, every code 0 and every scale 1.
+    let zeros =
+        |scheme: &'static str| kitchen(scheme, &[2, 32], 16, 16, &[0; 64], &[1.0; 4], &[1.0; 2]);
+    let asym = zeros("comfy.asym_w4a8_int8");
     assert!(asym.accepted());
     for shape in [[2u64, 15], [2, 17], [2, 24], [1, 32]] {
         let n = (shape[0] * shape[1]) as usize;
@@ -808,15 +673,7 @@ fn kitchen_schemes_refuse_parts_off_their_rules() {
     );
     assert_refused(&corr(&[4]), &["correction", "shape"]);
 
-    let w6 = kitchen(
-        "comfy.w6a8_int8",
-        &[2, 32],
-        16,
-        16,
-        &[0; 64],
-        &[1.0; 4],
-        &[1.0; 2],
-    );
+    let w6 = zeros("comfy.w6a8_int8");
     assert!(w6.accepted());
     assert_refused(
         &w6.clone().part("weight", Dtype::I8, &[2, 16], vec![0; 32]),
@@ -826,15 +683,7 @@ fn kitchen_schemes_refuse_parts_off_their_rules() {
         let extra = w6.clone().part(role, Dtype::F32, &[16], vec![0; 64]);
         assert_refused(&extra, &[role, "not one of"]);
     }
-    let w4a8 = kitchen(
-        "w4a8.convrot",
-        &[2, 32],
-        16,
-        16,
-        &[0; 64],
-        &[1.0; 4],
-        &[1.0; 2],
-    );
+    let w4a8 = zeros("w4a8.convrot");
     assert_refused(&w4a8, &["group_scale", "dtype F32"]);
     let w4a8 = w4a8.part("group_scale", Dtype::F8_E4M3, &[2, 2], vec![0x38; 4]);
     assert!(w4a8.accepted());

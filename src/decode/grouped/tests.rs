@@ -2,43 +2,9 @@
 //! hot-loop unpacking against the packing building block.
 
 use super::*;
-use crate::decode::{decode, prepare};
+use crate::decode::prepare;
+use crate::decode::testing::{f16_bytes, f32_bytes, int, params, text, words, Case, Stored};
 use crate::format::{Config, Value};
-
-type Stored = (&'static str, Dtype, Vec<u64>, Vec<u8>);
-
-fn params(pairs: &[(&str, Value)]) -> Config {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect()
-}
-
-fn int(n: i64) -> Value {
-    if n < 0 {
-        Value::Nint((-1 - n) as u64)
-    } else {
-        Value::Uint(n as u64)
-    }
-}
-
-fn text(t: &str) -> Value {
-    Value::Text(t.into())
-}
-
-fn words(ws: &[u32]) -> Vec<u8> {
-    ws.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
-fn halves(vs: &[f32]) -> Vec<u8> {
-    vs.iter()
-        .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
-        .collect()
-}
-
-fn floats32(vs: &[f32]) -> Vec<u8> {
-    vs.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
 
 /// `codes` packed low first into 32-bit words: one dense stream, or `⌊32/b⌋` to a word.
 fn pack(codes: &[u32], bits: u32, fill: Fill) -> Vec<u32> {
@@ -63,29 +29,13 @@ fn pack(codes: &[u32], bits: u32, fill: Fill) -> Vec<u32> {
 }
 
 /// Decodes to F32, or the refusal.
-fn run(scheme: &str, p: &Config, shape: &[u64], parts: &[Stored]) -> DecodeResult<Vec<f32>> {
-    let tensor = Encoded {
-        scheme,
-        params: p,
-        dtype: &Dtype::F32,
-        shape,
-        parts: parts
-            .iter()
-            .map(|(role, dtype, shape, bytes)| Part {
-                role,
-                dtype,
-                shape,
-                bytes,
-            })
-            .collect(),
-    };
-    let n: u64 = shape.iter().product();
-    let mut out = vec![0u8; n as usize * 4];
-    decode(&tensor, &mut out)?;
-    Ok(out
-        .chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect())
+fn run(
+    scheme: &'static str,
+    p: &Config,
+    shape: &[u64],
+    parts: &[Stored],
+) -> DecodeResult<Vec<f32>> {
+    Case::of(scheme, p, shape, parts).try_f32s()
 }
 
 fn replace(parts: &[Stored], role: &str, bytes: Vec<u8>) -> Vec<Stored> {
@@ -118,7 +68,7 @@ fn gptq4() -> Vec<Stored> {
             "scales",
             Dtype::F16,
             vec![2, 2],
-            halves(&[0.5, 2.0, 1.0, -1.0]),
+            f16_bytes(&[0.5, 2.0, 1.0, -1.0]),
         ),
         (
             "g_idx",
@@ -155,7 +105,7 @@ fn gptq_v1_borrow_decodes_the_slot_after_a_zero_of_zero_one_low() {
             words(&[0x7654_3210, 0x89AB_CDEF]),
         ),
         ("qzeros", Dtype::I32, vec![1, 1], words(&[0x3F])),
-        ("scales", Dtype::F16, vec![1, 2], halves(&[1.0, 1.0])),
+        ("scales", Dtype::F16, vec![1, 2], f16_bytes(&[1.0, 1.0])),
         ("g_idx", Dtype::I32, vec![8], words(&[0; 8])),
     ];
     let got = run(
@@ -275,7 +225,7 @@ fn gptq_params_are_checked_at_their_limits() {
 fn gptq_group_size_minus_one_is_one_group_per_row() {
     let mut parts = gptq4();
     parts[1] = ("qzeros", Dtype::I32, vec![1, 1], words(&[0x88]));
-    parts[2] = ("scales", Dtype::F16, vec![1, 2], halves(&[1.0, 1.0]));
+    parts[2] = ("scales", Dtype::F16, vec![1, 2], f16_bytes(&[1.0, 1.0]));
     parts[3] = ("g_idx", Dtype::I32, vec![8], words(&[0; 8]));
     let got = run(
         "gptq.int4",
@@ -323,7 +273,7 @@ fn awq_reads_codes_in_its_slot_order() {
             words(&[word(0), word(1) & 0x7777_7777]),
         ),
         ("qzeros", Dtype::I32, vec![1, 1], words(&[0x1111_1111])),
-        ("scales", Dtype::F16, vec![1, 8], halves(&[1.0; 8])),
+        ("scales", Dtype::F16, vec![1, 8], f16_bytes(&[1.0; 8])),
     ];
     let got = run(
         "awq.int4",
@@ -366,7 +316,7 @@ fn ct3(symmetric: bool) -> Vec<Stored> {
             "weight_scale",
             Dtype::F32,
             vec![2, 2],
-            floats32(&[1.0, 2.0, 0.5, -1.0]),
+            f32_bytes(&[1.0, 2.0, 0.5, -1.0]),
         ),
         (
             "weight_shape",
@@ -433,7 +383,7 @@ fn ct_channel_strategy_needs_the_whole_row_as_its_group() {
         "weight_scale",
         Dtype::F32,
         vec![2, 1],
-        floats32(&[1.0, 1.0]),
+        f32_bytes(&[1.0, 1.0]),
     );
     assert!(run(
         "ct.int3",
@@ -572,26 +522,14 @@ fn lane_unpacking_matches_the_packing_building_block() {
 fn any_row_range_decodes_as_the_whole_does() {
     let p = gptq_params(4, false, true, 1);
     let parts = replace(&gptq4(), "g_idx", words(&[1, 0, 1, 0, 1, 0, 1, 0]));
-    let whole = run("gptq.int4", &p, &[2, 8], &parts).unwrap();
-    let tensor = Encoded {
-        scheme: "gptq.int4",
-        params: &p,
-        dtype: &Dtype::F32,
-        shape: &[2, 8],
-        parts: parts
-            .iter()
-            .map(|(role, dtype, shape, bytes)| Part {
-                role,
-                dtype,
-                shape,
-                bytes,
-            })
-            .collect(),
-    };
-    let decoder = prepare(&tensor).unwrap();
-    let mut row = vec![0u8; 32];
-    decoder.rows(1, &mut row).unwrap();
-    assert_eq!(row, floats32(&whole[8..]));
+    let case = Case::of("gptq.int4", &p, &[2, 8], &parts);
+    let whole = case.f32s();
+    case.with(Dtype::F32, |tensor| {
+        let decoder = prepare(tensor).unwrap();
+        let mut row = vec![0u8; 32];
+        decoder.rows(1, &mut row).unwrap();
+        assert_eq!(row, f32_bytes(&whole[8..]));
+    });
 }
 
 /// Pseudo-random bytes.
@@ -614,7 +552,7 @@ fn every_row_range_of_every_layout_decodes_as_the_whole_does() {
     let gptq = vec![
         ("qweight", Dtype::I32, vec![4, n], noise(4 * 45 * 4, 1)),
         ("qzeros", Dtype::I32, vec![5, 5], noise(5 * 5 * 4, 2)),
-        ("scales", Dtype::F16, vec![5, n], halves(&[0.25; 5 * 45])),
+        ("scales", Dtype::F16, vec![5, n], f16_bytes(&[0.25; 5 * 45])),
         (
             "g_idx",
             Dtype::I32,
@@ -644,7 +582,7 @@ fn every_row_range_of_every_layout_decodes_as_the_whole_does() {
             "weight_scale",
             Dtype::F32,
             vec![n, 4],
-            floats32(&[1.5; 45 * 4]),
+            f32_bytes(&[1.5; 45 * 4]),
         ),
         (
             "weight_zero_point",
@@ -659,37 +597,25 @@ fn every_row_range_of_every_layout_decodes_as_the_whole_does() {
         ("awq.int4", params(&[("group_size", int(16))]), awq),
         ("ct.int6", ct_params(10, "group", false, "word"), ct),
     ];
-    for (scheme, p, parts) in &cases {
-        let whole = floats32(&run(scheme, p, &[n, k], parts).unwrap());
-        let tensor = Encoded {
-            scheme,
-            params: p,
-            dtype: &Dtype::F32,
-            shape: &[n, k],
-            parts: parts
-                .iter()
-                .map(|(role, dtype, shape, bytes)| Part {
-                    role,
-                    dtype,
-                    shape,
-                    bytes,
-                })
-                .collect(),
-        };
-        let decoder = prepare(&tensor).unwrap();
-        let row = k as usize * 4;
-        for first in [0usize, 1, 3, 7, 8, 13, 31, 33, 44] {
-            for count in [1usize, 2, 9, 32, 33, 45 - first] {
-                let count = count.min(45 - first);
-                let mut out = vec![0u8; count * row];
-                decoder.rows(first as u64, &mut out).unwrap();
-                assert_eq!(
-                    out,
-                    whole[first * row..(first + count) * row],
-                    "{scheme} rows {first}..{}",
-                    first + count
-                );
+    for (scheme, p, parts) in cases {
+        let case = Case::of(scheme, &p, &[n, k], &parts);
+        let whole = case.bytes(Dtype::F32);
+        case.with(Dtype::F32, |tensor| {
+            let decoder = prepare(tensor).unwrap();
+            let row = k as usize * 4;
+            for first in [0usize, 1, 3, 7, 8, 13, 31, 33, 44] {
+                for count in [1usize, 2, 9, 32, 33, 45 - first] {
+                    let count = count.min(45 - first);
+                    let mut out = vec![0u8; count * row];
+                    decoder.rows(first as u64, &mut out).unwrap();
+                    assert_eq!(
+                        out,
+                        whole[first * row..(first + count) * row],
+                        "{scheme} rows {first}..{}",
+                        first + count
+                    );
+                }
             }
-        }
+        });
     }
 }

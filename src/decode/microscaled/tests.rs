@@ -2,133 +2,7 @@
 //! from both sides, and row ranges that decode as the whole does.
 
 use super::*;
-use crate::decode::{decode, prepare, DecodeError};
-use crate::format::{Config, Value};
-
-/// A tensor to decode, owning its params and parts.
-#[derive(Clone)]
-struct Case {
-    scheme: &'static str,
-    params: Config,
-    shape: Vec<u64>,
-    parts: Vec<(&'static str, Dtype, Vec<u64>, Vec<u8>)>,
-}
-
-impl Case {
-    fn new(scheme: &'static str, shape: &[u64]) -> Case {
-        Case {
-            scheme,
-            params: Config::new(),
-            shape: shape.to_vec(),
-            parts: Vec::new(),
-        }
-    }
-
-    fn param(mut self, key: &str, value: Value) -> Case {
-        self.params.insert(key.to_owned(), value);
-        self
-    }
-
-    fn no_param(mut self, key: &str) -> Case {
-        self.params.remove(key);
-        self
-    }
-
-    /// Adds or replaces the part of `role`.
-    fn part(mut self, role: &'static str, dtype: Dtype, shape: &[u64], bytes: Vec<u8>) -> Case {
-        self.parts.retain(|p| p.0 != role);
-        self.parts.push((role, dtype, shape.to_vec(), bytes));
-        self
-    }
-
-    fn no_part(mut self, role: &str) -> Case {
-        self.parts.retain(|p| p.0 != role);
-        self
-    }
-
-    fn with<R>(&self, dtype: Dtype, f: impl FnOnce(&Encoded<'_>) -> R) -> R {
-        let parts = self
-            .parts
-            .iter()
-            .map(|(role, dtype, shape, bytes)| Part {
-                role,
-                dtype,
-                shape,
-                bytes,
-            })
-            .collect();
-        f(&Encoded {
-            scheme: self.scheme,
-            params: &self.params,
-            dtype: &dtype,
-            shape: &self.shape,
-            parts,
-        })
-    }
-
-    fn refusal(&self) -> DecodeError {
-        self.with(Dtype::F32, |t| prepare(t).err().expect("refused"))
-    }
-
-    fn accepted(&self) -> bool {
-        self.with(Dtype::F32, |t| prepare(t).is_ok())
-    }
-
-    fn bytes(&self, dtype: Dtype) -> Vec<u8> {
-        self.with(dtype.clone(), |t| {
-            let view = View::of(&self.shape).unwrap();
-            let mut out = vec![0u8; (view.len() * dtype.bits().unwrap() as u64 / 8) as usize];
-            decode(t, &mut out).expect("decodes");
-            out
-        })
-    }
-
-    fn f32s(&self) -> Vec<f32> {
-        self.bytes(Dtype::F32)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
-
-    /// Every row range `[a, b)` decodes to the same bytes as the whole tensor.
-    fn assert_ranges_agree(&self, dtype: Dtype) {
-        let whole = self.bytes(dtype.clone());
-        let view = View::of(&self.shape).unwrap();
-        let row_bytes = whole.len() / view.rows as usize;
-        self.with(dtype, |t| {
-            let decoder = prepare(t).unwrap();
-            for a in 0..view.rows as usize {
-                for b in a + 1..=view.rows as usize {
-                    let mut out = vec![0u8; (b - a) * row_bytes];
-                    decoder.rows(a as u64, &mut out).unwrap();
-                    assert_eq!(out, whole[a * row_bytes..b * row_bytes], "rows {a}..{b}");
-                }
-            }
-        });
-    }
-}
-
-fn int(n: i64) -> Value {
-    if n < 0 {
-        Value::Nint((-1 - n) as u64)
-    } else {
-        Value::Uint(n as u64)
-    }
-}
-
-fn text(t: &str) -> Value {
-    Value::Text(t.into())
-}
-
-fn f32_bytes(vs: &[f32]) -> Vec<u8> {
-    vs.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn bf16_bytes(vs: &[f32]) -> Vec<u8> {
-    vs.iter()
-        .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
-        .collect()
-}
+use crate::decode::testing::{assert_refused, bf16_bytes, f32_bytes, int, refusal, text, Case};
 
 /// Codes packed two to a byte, even code low.
 fn nibbles(codes: &[u8]) -> Vec<u8> {
@@ -136,13 +10,6 @@ fn nibbles(codes: &[u8]) -> Vec<u8> {
         .chunks(2)
         .map(|c| c[0] | c.get(1).map_or(0, |h| h << 4))
         .collect()
-}
-
-fn assert_refused(case: &Case, fragments: &[&str]) {
-    let message = case.refusal().to_string();
-    for f in fragments {
-        assert!(message.contains(f), "{message:?} lacks {f:?}");
-    }
 }
 
 // ---------------------------------------------------------------------------------- mxfp8
@@ -309,7 +176,7 @@ fn mxfp8_refuses_a_vector_and_a_logical_dtype_that_is_not_a_float() {
     assert_refused(&mxfp8(&[64], E4M3_ONE, E8M0_ONE), &["not a matrix"]);
     assert!(mxfp8(&[1, 64], E4M3_ONE, E8M0_ONE).accepted());
     let case = mxfp8(&[2, 64], E4M3_ONE, E8M0_ONE);
-    let err = case.with(Dtype::I8, |t| prepare(t).err().expect("refused"));
+    let err = case.with(Dtype::I8, refusal);
     assert!(err.to_string().contains("F32, BF16 or F16"), "{err}");
 }
 
