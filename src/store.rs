@@ -137,7 +137,10 @@ impl Store {
         let root = fs::canonicalize(&root).map_err(io_err("resolve", &root))?;
         let record = root.join("format");
         match fs::read(&record) {
-            Ok(bytes) => check_format(&record, &bytes)?,
+            Ok(bytes) => {
+                check_format(&record, &bytes)?;
+                create_layout(&root)?;
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 for entry in fs::read_dir(&root).map_err(io_err("list", &root))? {
                     let name = entry.map_err(io_err("list", &root))?.file_name();
@@ -149,20 +152,12 @@ impl Store {
                         });
                     }
                 }
+                // The folders first, the record last: a store is one once its record is there.
+                create_layout(&root)?;
                 let text = format!("{{\"format\":\"{STORE_FORMAT}\"}}");
-                objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644).or_else(
-                    |_| {
-                        // tmp/ does not exist yet in a new store.
-                        fs::create_dir_all(root.join("tmp")).map_err(io_err("create", &root))?;
-                        objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644)
-                    },
-                )?;
+                objects::replace_file(&root.join("tmp"), &record, text.as_bytes(), 0o644)?;
             }
             Err(e) => return Err(io_err("read", &record)(e)),
-        }
-        for dir in LAYOUT {
-            let path = root.join(dir);
-            fs::create_dir_all(&path).map_err(io_err("create", &path))?;
         }
         Ok(Store { root })
     }
@@ -292,6 +287,15 @@ impl Store {
     }
 }
 
+/// Creates the store's folders that are missing.
+fn create_layout(root: &Path) -> StoreResult<()> {
+    for dir in LAYOUT {
+        let path = root.join(dir);
+        fs::create_dir_all(&path).map_err(io_err("create", &path))?;
+    }
+    Ok(())
+}
+
 fn check_format(record: &Path, bytes: &[u8]) -> StoreResult<()> {
     let found = serde_json::from_slice::<serde_json::Value>(bytes)
         .ok()
@@ -309,5 +313,49 @@ fn check_format(record: &Path, bytes: &[u8]) -> StoreResult<()> {
                 String::from_utf8_lossy(bytes)
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_store_gets_its_folders_and_record_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("s");
+        Store::open(&root).unwrap();
+        for name in LAYOUT {
+            assert!(root.join(name).is_dir(), "{name}");
+        }
+        assert_eq!(
+            fs::read_to_string(root.join("format")).unwrap(),
+            r#"{"format":"tensorfs.store/3"}"#
+        );
+        Store::open(&root).unwrap();
+        Store::open_existing(&root).unwrap();
+    }
+
+    #[test]
+    fn folders_that_are_not_stores_are_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("other");
+        fs::create_dir(&other).unwrap();
+        fs::write(other.join("notes.txt"), b"mine").unwrap();
+        assert!(matches!(
+            Store::open(&other),
+            Err(StoreError::NotAStore { .. })
+        ));
+        assert_eq!(
+            fs::read_dir(&other).unwrap().count(),
+            1,
+            "nothing was created"
+        );
+        let older = dir.path().join("older");
+        fs::create_dir(&older).unwrap();
+        fs::write(older.join("format"), br#"{"format":"tensorfs.store/2"}"#).unwrap();
+        let err = Store::open(&older).unwrap_err();
+        assert!(err.to_string().contains("tensorfs.store/2"), "{err}");
+        assert!(Store::open_existing(dir.path().join("absent")).is_err());
     }
 }

@@ -28,20 +28,26 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-#[test]
-fn a_background_mount_serves_until_unmounted() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
+/// The small Transformers folder imported as `local/tiny` and mounted in the background at
+/// `<dir>/mnt`: (source, store, mount point, the mount command's output).
+fn mounted_tiny(
+    dir: &Path,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    String,
+) {
+    let src = dir.join("src");
     transformers_folder(&src);
-    let store = dir.path().join("store");
+    let store = dir.join("store");
     ok(
         &store,
         &["import", src.to_str().unwrap(), "--name", "local/tiny"],
     );
-    let mnt = dir.path().join("mnt");
+    let mnt = dir.join("mnt");
     fs::create_dir(&mnt).unwrap();
-    let _cleanup = Cleanup(&mnt);
-    let log = dir.path().join("mount.log");
+    let log = dir.join("mount.log");
     let out = ok(
         &store,
         &[
@@ -51,6 +57,14 @@ fn a_background_mount_serves_until_unmounted() {
             log.to_str().unwrap(),
         ],
     );
+    (src, store, mnt, out)
+}
+
+#[test]
+fn a_background_mount_serves_until_unmounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, store, mnt, out) = mounted_tiny(dir.path());
+    let _cleanup = Cleanup(&mnt);
     assert!(out.contains("mounted"), "{out}");
     assert!(mounted(&mnt), "the command returns once the mount is up");
     let lane = mnt.join("local/tiny/latest/f32");
@@ -117,26 +131,8 @@ fn getxattr(path: &Path, name: &str) -> Result<String, i32> {
 #[test]
 fn tensor_attributes_read_through_the_kernel() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    transformers_folder(&src);
-    let store = dir.path().join("store");
-    ok(
-        &store,
-        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
-    );
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
+    let (_, store, mnt, _) = mounted_tiny(dir.path());
     let _cleanup = Cleanup(&mnt);
-    let log = dir.path().join("mount.log");
-    ok(
-        &store,
-        &[
-            "mount",
-            mnt.to_str().unwrap(),
-            "--log-file",
-            log.to_str().unwrap(),
-        ],
-    );
     let lane = mnt.join("local/tiny/latest/f32");
     let weights = lane.join("model.safetensors");
     assert_eq!(

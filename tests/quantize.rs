@@ -239,3 +239,46 @@ fn bad_schemes_lanes_and_names_are_refused_without_changing_the_store() {
     }
     assert_eq!(snapshot(&root), before);
 }
+
+#[test]
+fn a_damaged_source_blob_stops_the_quantize_and_leaves_the_store_as_it_was() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src);
+    let root = dir.path().join("store");
+    ok(
+        &root,
+        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
+    );
+    let store = Store::open(&root).unwrap();
+    let chunk = header_of(&store, &commits(&store)[0]).chunks[0];
+    let blob = store.object_path(&chunk);
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = fs::read(&blob).unwrap();
+    bytes[0] ^= 0xFF;
+    fs::write(&blob, &bytes).unwrap();
+    // The verification ledger is a cache of proofs, not content; everything else must stay.
+    let content = |root: &std::path::Path| {
+        let mut files = snapshot(root);
+        files.retain(|p, _| p != std::path::Path::new("verified"));
+        files
+    };
+    let before = content(&root);
+    let err = fails(
+        &root,
+        &[
+            "quantize",
+            "local/tiny",
+            "--scheme",
+            "int8.rowwise",
+            "--name",
+            "local/tiny",
+        ],
+    );
+    assert!(
+        err.contains("damaged blob") && err.contains(&chunk.sha256.hex()),
+        "{err}"
+    );
+    assert_eq!(content(&root), before);
+}
