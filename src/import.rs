@@ -21,6 +21,7 @@
 //! path give the same header and commit ids.
 
 pub mod chunks;
+mod convention;
 mod model;
 mod scan;
 
@@ -30,10 +31,13 @@ use std::path::{Path, PathBuf};
 
 use crate::format::header::HEADER_FORMAT;
 use crate::format::names::{is_portable, split_repo_name};
-use crate::format::{Body, Component, Header, Location, ObjectRef, Repo, Tensor, Tree, Value};
+use crate::format::{
+    Body, Component, Encoding, Header, Location, ObjectRef, Part, Repo, Tensor, Tree, Value,
+};
 use crate::layout::recipe::SOURCE_FILES;
 use crate::layout::FILE_METADATA;
 use crate::store::{Staged, Store, StoreError};
+use convention::Item;
 
 /// Why an import failed. Nothing was added to the store.
 #[derive(Debug, thiserror::Error)]
@@ -119,12 +123,16 @@ pub struct LaneReport {
 pub struct ImportConfig {
     /// Chunk-writing threads (default: the machine's parallelism).
     pub threads: usize,
+    /// A producer convention (`fs-layout/conventions.json`) declared for every quantized
+    /// module, for sources that do not declare their own.
+    pub converter: Option<String>,
 }
 
 impl Default for ImportConfig {
     fn default() -> Self {
         ImportConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            converter: None,
         }
     }
 }
@@ -143,7 +151,7 @@ pub fn import(
 ) -> Result<ImportReport, ImportError> {
     check_name(name)?;
     let source = scan::scan(sources)?;
-    let lanes = model::lanes(&source)?;
+    let lanes = model::lanes(&source, config.converter.as_deref())?;
     if lanes
         .iter()
         .all(|l| l.components.iter().all(|c| c.weights.is_empty()))
@@ -163,25 +171,29 @@ pub fn import(
             if planned.contains_key(&key) {
                 continue;
             }
-            let items: Vec<chunks::Item> = c
-                .tensors
+            // Every stored array (markers live in the recipe) and stated part, in order.
+            let stored = stored_parts(c);
+            let items: Vec<chunks::Item> = stored
                 .iter()
-                .map(|t| chunks::Item {
-                    key: &t.key,
-                    length: t.length,
+                .map(|(key, length, _)| chunks::Item {
+                    key,
+                    length: *length,
                 })
                 .collect();
             let plan = chunks::plan(&items);
-            let sources: Vec<(usize, u64)> = c
-                .tensors
-                .iter()
-                .map(|t| {
-                    let path = &c.weights[t.file];
-                    let index = *file_index.entry(path.clone()).or_insert_with(|| {
-                        files.push((path.clone(), c.stamps[t.file]));
-                        files.len() - 1
-                    });
-                    (index, t.offset)
+            let sources: Vec<chunks::ItemSource> = stored
+                .into_iter()
+                .map(|(_, _, from)| match from {
+                    Stored::Array(i) => {
+                        let t = &c.tensors[i];
+                        let path = &c.weights[t.file];
+                        let index = *file_index.entry(path.clone()).or_insert_with(|| {
+                            files.push((path.clone(), c.stamps[t.file]));
+                            files.len() - 1
+                        });
+                        chunks::ItemSource::File(index, t.offset)
+                    }
+                    Stored::Bytes(bytes) => chunks::ItemSource::Bytes(bytes.into()),
                 })
                 .collect();
             let first = jobs.len();
@@ -232,27 +244,66 @@ pub fn import(
             let (plan, range) = &plans[planned[&(c.name.clone(), c.weights.clone())]];
             let base = header.chunks.len() as u64;
             header.chunks.extend_from_slice(&chunk_refs[range.clone()]);
-            let tensors = c
-                .tensors
-                .iter()
-                .zip(&plan.places)
-                .map(|(t, place)| {
-                    tensor_bytes += t.length;
-                    let location = match place.length {
-                        0 => Location::default(),
-                        _ => Location {
-                            chunk: place.chunk + base,
-                            ..*place
-                        },
-                    };
-                    Tensor {
-                        key: t.key.clone(),
-                        dtype: t.dtype.clone(),
-                        shape: t.shape.clone(),
-                        body: Body::Plain(location),
+            let located = |place: &Location| match place.length {
+                0 => Location::default(),
+                _ => Location {
+                    chunk: place.chunk + base,
+                    ..*place
+                },
+            };
+            let mut places = plan.places.iter();
+            let mut tensors = Vec::with_capacity(c.items.len());
+            for item in &c.items {
+                match item {
+                    Item::Marker(_) => {}
+                    Item::Plain(i) => {
+                        let t = &c.tensors[*i];
+                        tensor_bytes += t.length;
+                        tensors.push(Tensor {
+                            key: t.key.clone(),
+                            dtype: t.dtype.clone(),
+                            shape: t.shape.clone(),
+                            body: Body::Plain(located(places.next().expect("planned"))),
+                        });
                     }
-                })
-                .collect();
+                    Item::Encoded(e) => {
+                        let parts = e
+                            .parts
+                            .iter()
+                            .map(|p| {
+                                let location = located(places.next().expect("planned"));
+                                tensor_bytes += location.length;
+                                Part {
+                                    role: p.role.clone(),
+                                    dtype: p.dtype.clone(),
+                                    shape: p.shape.clone(),
+                                    location,
+                                }
+                            })
+                            .collect();
+                        let encoding = Encoding {
+                            scheme: e.scheme.clone(),
+                            params: e.params.clone(),
+                        };
+                        let index = match header.encodings.iter().position(|x| *x == encoding) {
+                            Some(i) => i,
+                            None => {
+                                header.encodings.push(encoding);
+                                header.encodings.len() - 1
+                            }
+                        };
+                        tensors.push(Tensor {
+                            key: e.key.clone(),
+                            dtype: e.dtype.clone(),
+                            shape: e.shape.clone(),
+                            body: Body::Encoded {
+                                encoding: index,
+                                parts,
+                            },
+                        });
+                    }
+                }
+            }
             let mut assets = BTreeMap::new();
             for (rel, path) in &c.assets {
                 assets.insert(
@@ -308,7 +359,12 @@ pub fn import(
             lane: lane.lane.clone(),
             commit: commit.id(),
             header: header_ref.id(),
-            tensors: lane.components.iter().map(|c| c.tensors.len()).sum(),
+            tensors: lane
+                .components
+                .iter()
+                .flat_map(|c| &c.items)
+                .filter(|i| !matches!(i, Item::Marker(_)))
+                .count(),
             tensor_bytes,
             files: view.files.len(),
         });
@@ -323,6 +379,42 @@ pub fn import(
         chunk_bytes: total,
         new_objects,
     })
+}
+
+/// Where a stored part's bytes come from.
+enum Stored {
+    /// A source array (index into the component's tensors).
+    Array(usize),
+    /// Bytes a convention states outside the arrays.
+    Bytes(Vec<u8>),
+}
+
+/// The component's stored parts in header order: each plain tensor, each part of each encoded
+/// tensor (markers are kept in the recipe instead), as (key, length, source).
+fn stored_parts(c: &model::ComponentModel) -> Vec<(&str, u64, Stored)> {
+    let mut out = Vec::new();
+    for item in &c.items {
+        match item {
+            Item::Marker(_) => {}
+            Item::Plain(i) => {
+                let t = &c.tensors[*i];
+                out.push((t.key.as_str(), t.length, Stored::Array(*i)));
+            }
+            Item::Encoded(e) => {
+                for p in &e.parts {
+                    out.push(match &p.source {
+                        convention::PartSource::Array(i) => {
+                            (e.key.as_str(), c.tensors[*i].length, Stored::Array(*i))
+                        }
+                        convention::PartSource::Bytes(b) => {
+                            (e.key.as_str(), b.len() as u64, Stored::Bytes(b.clone()))
+                        }
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Publishes `staged` objects under the collector's fence, then makes `commits` the newest of

@@ -24,6 +24,11 @@ pub struct Args {
     /// Chunk-writing threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Read quantized arrays by this producer convention (fs-layout/conventions.json), for a
+    /// source that does not declare its own (no quantization_config, hf_quant_config.json or
+    /// ComfyUI marker). Example: modelopt.nvfp4, comfy.nvfp4, gptq.
+    #[arg(long, value_name = "NAME")]
+    pub converter: Option<String>,
 }
 
 /// A progress bar on a terminal, nothing otherwise.
@@ -59,6 +64,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(threads) = args.threads {
         config.threads = threads.max(1);
     }
+    config.converter = args.converter.clone();
     let progress = Bar(bar);
     let report = import(&store, &args.sources, &args.name, &config, &progress);
     if let Some(bar) = &progress.0 {

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use super::ImportError;
@@ -145,15 +145,22 @@ pub fn plan(items: &[Item<'_>]) -> Plan {
     }
 }
 
-/// Bytes of a source file to copy into a chunk.
+/// Where an item's bytes come from.
+#[derive(Clone, Debug)]
+pub(crate) enum ItemSource {
+    /// Source file `.0` from offset `.1`.
+    File(usize, u64),
+    /// These bytes (a part a convention states outside the arrays).
+    Bytes(Arc<[u8]>),
+}
+
+/// Bytes of a source to copy into a chunk.
 #[derive(Clone, Debug)]
 pub(crate) struct Piece {
     /// Offset in the chunk.
     pub chunk_offset: u64,
-    /// Index of the source file.
-    pub file: usize,
-    /// Offset in the source file.
-    pub file_offset: u64,
+    /// The source, and the offset in it.
+    pub from: ItemSource,
     pub length: u64,
 }
 
@@ -164,8 +171,8 @@ pub(crate) struct ChunkJob {
     pub pieces: Vec<Piece>,
 }
 
-/// The chunk jobs of a plan whose item `i` comes from `sources[i]` = (file, offset).
-pub(crate) fn jobs(plan: &Plan, sources: &[(usize, u64)]) -> Vec<ChunkJob> {
+/// The chunk jobs of a plan whose item `i` comes from `sources[i]`.
+pub(crate) fn jobs(plan: &Plan, sources: &[ItemSource]) -> Vec<ChunkJob> {
     let mut jobs: Vec<ChunkJob> = plan
         .chunks
         .iter()
@@ -174,22 +181,25 @@ pub(crate) fn jobs(plan: &Plan, sources: &[(usize, u64)]) -> Vec<ChunkJob> {
             pieces: Vec::new(),
         })
         .collect();
-    for (place, &(file, file_offset)) in plan.places.iter().zip(sources) {
+    for (place, source) in plan.places.iter().zip(sources) {
         let (mut chunk, mut offset, mut left, mut from) = (
             place.chunk as usize,
             place.offset,
             place.length,
-            file_offset,
+            source.clone(),
         );
         while left > 0 {
             let take = left.min(jobs[chunk].length - offset);
             jobs[chunk].pieces.push(Piece {
                 chunk_offset: offset,
-                file,
-                file_offset: from,
+                from: from.clone(),
                 length: take,
             });
-            (chunk, offset, left, from) = (chunk + 1, 0, left - take, from + take);
+            from = match from {
+                ItemSource::File(file, at) => ItemSource::File(file, at + take),
+                ItemSource::Bytes(bytes) => ItemSource::Bytes(bytes[take as usize..].into()),
+            };
+            (chunk, offset, left) = (chunk + 1, 0, left - take);
         }
     }
     for job in &mut jobs {
@@ -300,14 +310,24 @@ fn write_one(
     };
     let mut at = 0;
     for piece in &job.pieces {
-        let file = &opened[piece.file];
         writer
             .write_zeros(piece.chunk_offset - at)
             .map_err(store_io)?;
+        let (index, file_offset) = match &piece.from {
+            ItemSource::Bytes(bytes) => {
+                writer
+                    .write_all(&bytes[..piece.length as usize])
+                    .map_err(store_io)?;
+                at = piece.chunk_offset + piece.length;
+                continue;
+            }
+            ItemSource::File(index, offset) => (*index, *offset),
+        };
+        let file = &opened[index];
         let mut done = 0;
         while done < piece.length {
             let n = (piece.length - done).min(buf.len() as u64) as usize;
-            file.read_exact_at(&mut buf[..n], piece.file_offset + done)
+            file.read_exact_at(&mut buf[..n], file_offset + done)
                 .map_err(|e| {
                     let why = match e.kind() {
                         std::io::ErrorKind::UnexpectedEof => {
@@ -315,7 +335,7 @@ fn write_one(
                         }
                         _ => format!("cannot read: {e}"),
                     };
-                    ImportError::source(&files[piece.file].0, why)
+                    ImportError::source(&files[index].0, why)
                 })?;
             writer.write_all(&buf[..n]).map_err(store_io)?;
             done += n as u64;
@@ -447,17 +467,24 @@ mod tests {
 
     #[test]
     fn jobs_cover_each_chunk_with_pieces_in_order() {
-        let p = plan(&items(&[("a", 10), ("big", 70 * MIB), ("b", 3)]));
-        let j = jobs(&p, &[(0, 100), (0, 200), (1, 0)]);
+        let p = plan(&items(&[("a", 10), ("big", 70 * MIB), ("b", 3), ("c", 4)]));
+        let sources = [
+            ItemSource::File(0, 100),
+            ItemSource::File(0, 200),
+            ItemSource::File(1, 0),
+            ItemSource::Bytes(Arc::from(&[1u8, 2, 3, 4][..])),
+        ];
+        let j = jobs(&p, &sources);
         assert_eq!(j.len(), 3);
+        let from = |p: &Piece| match &p.from {
+            ItemSource::File(file, offset) => (p.chunk_offset, *file, *offset, p.length),
+            ItemSource::Bytes(b) => (p.chunk_offset, usize::MAX, b[0] as u64, p.length),
+        };
         assert_eq!(
-            j[0].pieces
-                .iter()
-                .map(|p| (p.chunk_offset, p.file, p.file_offset, p.length))
-                .collect::<Vec<_>>(),
-            vec![(0, 0, 100, 10), (4096, 1, 0, 3)]
+            j[0].pieces.iter().map(from).collect::<Vec<_>>(),
+            vec![(0, 0, 100, 10), (4096, 1, 0, 3), (8192, usize::MAX, 1, 4)]
         );
         assert_eq!(j[1].pieces[0].length, 64 * MIB);
-        assert_eq!(j[2].pieces[0].file_offset, 200 + 64 * MIB);
+        assert_eq!(from(&j[2].pieces[0]).2, 200 + 64 * MIB);
     }
 }

@@ -11,13 +11,14 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::chunks::SourceStamp;
+use super::convention::{self, Item};
 use super::scan::{self, Kind, Source, Weights};
 use super::ImportError;
 use crate::format::json::{self, Json};
 use crate::format::names::{has_control, is_label, is_segment};
 use crate::format::safetensors::{self as st, SafetensorsHeader};
 use crate::format::{ClassRef, Config, Dtype, Pipeline, Value};
-use crate::layout::recipe::{SourceFile, SourceFiles};
+use crate::layout::recipe::{ArraySource, SourceFile, SourceFiles};
 use crate::layout::{PIPELINE_FILE, ROOT_COMPONENT};
 
 /// A folder's config file: the first of these it holds.
@@ -60,6 +61,10 @@ pub(crate) struct ComponentModel {
     pub weights: Vec<PathBuf>,
     /// Each weights file's length and mtime when its header was read.
     pub stamps: Vec<SourceStamp>,
+    /// Each weights file's path in the lane folder (its recipe entry).
+    pub lane_paths: Vec<String>,
+    /// What the arrays become (plain tensors, encoded tensors, markers), in array order.
+    pub items: Vec<Item>,
 }
 
 /// A tensor's place in a source file.
@@ -86,7 +91,10 @@ struct Folder {
 ///
 /// # Errors
 /// Any malformed file, with its path and what is wrong.
-pub(crate) fn lanes(source: &Source) -> Result<Vec<LaneModel>, ImportError> {
+pub(crate) fn lanes(
+    source: &Source,
+    converter: Option<&str>,
+) -> Result<Vec<LaneModel>, ImportError> {
     let variants = scan::variants(&source.files);
     let mut lanes = Vec::new();
     let has_default = source.files.keys().any(|p| {
@@ -96,10 +104,10 @@ pub(crate) fn lanes(source: &Source) -> Result<Vec<LaneModel>, ImportError> {
         )
     });
     if has_default || variants.is_empty() {
-        lanes.push(lane(source, None)?);
+        lanes.push(lane(source, None, converter)?);
     }
     for v in &variants {
-        lanes.push(lane(source, Some(v))?);
+        lanes.push(lane(source, Some(v), converter)?);
     }
     let mut taken = BTreeSet::new();
     for (i, l) in lanes.iter_mut().enumerate() {
@@ -121,7 +129,11 @@ fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-fn lane(source: &Source, variant: Option<&str>) -> Result<LaneModel, ImportError> {
+fn lane(
+    source: &Source,
+    variant: Option<&str>,
+    converter: Option<&str>,
+) -> Result<LaneModel, ImportError> {
     let mut model = LaneModel {
         lane: String::new(),
         pipeline: None,
@@ -268,7 +280,7 @@ fn lane(source: &Source, variant: Option<&str>) -> Result<LaneModel, ImportError
         }
     }
     for (name, prefix, folder) in folders {
-        let component = component(&mut model, &name, &prefix, folder, variant)?;
+        let component = component(&mut model, &name, &prefix, folder, variant, converter)?;
         match model.components.iter_mut().find(|c| c.name == name) {
             Some(listed) => {
                 let class = std::mem::take(&mut listed.class);
@@ -291,7 +303,7 @@ fn lane(source: &Source, variant: Option<&str>) -> Result<LaneModel, ImportError
     resolve_versions(&mut model);
     model.lane = match variant {
         Some(v) => lane_label(v),
-        None => main_dtype(&model),
+        None => lane_label(&main_dtype(&model)),
     };
     Ok(model)
 }
@@ -318,6 +330,8 @@ impl ComponentModel {
             tensors: Vec::new(),
             weights: Vec::new(),
             stamps: Vec::new(),
+            lane_paths: Vec::new(),
+            items: Vec::new(),
         }
     }
 }
@@ -339,6 +353,7 @@ fn component(
     prefix: &str,
     folder: Folder,
     variant: Option<&str>,
+    converter: Option<&str>,
 ) -> Result<ComponentModel, ImportError> {
     let mut c = ComponentModel::empty(name, ClassRef::default());
     // Weights of this folder (not nested), by variant.
@@ -435,15 +450,94 @@ fn component(
         }
         c.weights.push(path);
         c.stamps.push(stamp);
+        c.lane_paths.push(format!("{prefix}{rel}"));
         model.recipe.0.insert(
             format!("{prefix}{rel}"),
             SourceFile::Safetensors {
                 component: name.to_owned(),
                 header: text,
+                arrays: BTreeMap::new(),
             },
         );
     }
+    recognize(&mut c, model, converter)?;
     Ok(c)
+}
+
+/// Sorts the component's arrays by producer convention (plain, encoded, markers) and records
+/// in each safetensors file's recipe which part or marker bytes each non-plain array is.
+fn recognize(
+    c: &mut ComponentModel,
+    model: &mut LaneModel,
+    converter: Option<&str>,
+) -> Result<(), ImportError> {
+    let mut files = BTreeMap::new();
+    for name in convention::declaration_files() {
+        if let Some(path) = c.assets.get(name) {
+            let text = read_text(path)?;
+            let doc = json::parse(text.as_bytes())
+                .map_err(|e| ImportError::source(path, e.to_string()))?;
+            files.insert(name.to_owned(), doc);
+        }
+    }
+    let cx = convention::Context {
+        component: &c.name,
+        config: &c.config,
+        files: &files,
+        converter,
+    };
+    let weights = &c.weights;
+    let read = |i: usize| -> Result<Vec<u8>, String> {
+        let t = &c.tensors[i];
+        let path = &weights[t.file];
+        let file = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+        let mut bytes = vec![0u8; t.length as usize];
+        file.read_exact_at(&mut bytes, t.offset)
+            .map_err(|e| format!("{}: cannot read {}: {e}", path.display(), t.key))?;
+        Ok(bytes)
+    };
+    let items = convention::recognize(&cx, &c.tensors, &read).map_err(|why| {
+        let path = c
+            .weights
+            .first()
+            .map_or_else(|| PathBuf::from(&c.name), Clone::clone);
+        ImportError::source(&path, why)
+    })?;
+    // Which file each array is in, to record it in that file's recipe.
+    let file_of = |i: usize| c.tensors[i].file;
+    let mut arrays: Vec<BTreeMap<String, ArraySource>> = vec![BTreeMap::new(); c.weights.len()];
+    for item in &items {
+        match item {
+            Item::Plain(_) => {}
+            Item::Marker(i) => {
+                let bytes =
+                    read(*i).map_err(|why| ImportError::source(&c.weights[file_of(*i)], why))?;
+                arrays[file_of(*i)].insert(c.tensors[*i].key.clone(), ArraySource::Bytes(bytes));
+            }
+            Item::Encoded(e) => {
+                for p in &e.parts {
+                    if let convention::PartSource::Array(i) = p.source {
+                        arrays[file_of(i)].insert(
+                            c.tensors[i].key.clone(),
+                            ArraySource::Part {
+                                tensor: e.key.clone(),
+                                role: p.role.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for (file, held) in arrays.into_iter().enumerate() {
+        if let Some(SourceFile::Safetensors { arrays, .. }) =
+            model.recipe.0.get_mut(&c.lane_paths[file])
+        {
+            *arrays = held;
+        }
+    }
+    c.items = items;
+    Ok(())
 }
 
 /// Reads and validates a safetensors file's header; returns it and its exact JSON text.
@@ -614,14 +708,30 @@ fn resolve_versions(model: &mut LaneModel) {
     }
 }
 
-/// The default lane's label: the dtype holding the most bytes, lowercase (`f32`, `bf16`);
-/// `files` for a source without tensors.
+/// The default lane's label: the dtype or encoding scheme holding the most bytes, lowercase
+/// (`f32`, `bf16`, `gptq.int4`, as the reference labels its lanes); `files` for a source without
+/// tensors.
 fn main_dtype(model: &LaneModel) -> String {
     let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
-    for t in model.components.iter().flat_map(|c| &c.tensors) {
-        *bytes
-            .entry(t.dtype.name().to_ascii_lowercase())
-            .or_default() += t.length;
+    for c in &model.components {
+        for item in &c.items {
+            let (label, length) = match item {
+                Item::Marker(_) => continue,
+                Item::Plain(i) => (c.tensors[*i].dtype.name().to_owned(), c.tensors[*i].length),
+                Item::Encoded(e) => {
+                    let length = e
+                        .parts
+                        .iter()
+                        .map(|p| match p.source {
+                            convention::PartSource::Array(i) => c.tensors[i].length,
+                            convention::PartSource::Bytes(ref b) => b.len() as u64,
+                        })
+                        .sum();
+                    (e.scheme.clone(), length)
+                }
+            };
+            *bytes.entry(label.to_ascii_lowercase()).or_default() += length;
+        }
     }
     bytes
         .into_iter()

@@ -10,6 +10,11 @@ use crate::format::{Header, Location, ObjectRef};
 /// Where a segment's bytes come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
+    /// Bytes the plan holds (a recipe's marker arrays), from `offset` of its inline buffer.
+    Inline {
+        /// Offset within the plan's inline bytes.
+        offset: u64,
+    },
     /// A range of one chunk, from `offset`.
     Chunk {
         /// Index into the plan's chunks.
@@ -45,6 +50,7 @@ pub struct Segment {
 #[derive(Debug)]
 pub struct SafetensorsPlan {
     prefix: Vec<u8>,
+    inline: Vec<u8>,
     segments: Vec<Segment>,
     chunks: Arc<[ObjectRef]>,
     /// The header and its object, when segments decode tensors.
@@ -57,6 +63,7 @@ pub(crate) struct PlanBuilder<'h> {
     header: &'h Header,
     chunks: Arc<[ObjectRef]>,
     prefix: Vec<u8>,
+    inline: Vec<u8>,
     segments: Vec<Segment>,
     decoding: Option<(Arc<Header>, ObjectRef)>,
     end: u64,
@@ -69,6 +76,7 @@ impl<'h> PlanBuilder<'h> {
             header,
             chunks: chunks.clone(),
             prefix,
+            inline: Vec::new(),
             segments: Vec::new(),
             decoding: None,
             end,
@@ -101,6 +109,23 @@ impl<'h> PlanBuilder<'h> {
         }
     }
 
+    /// Appends `bytes`, which the plan keeps.
+    pub(crate) fn push_inline(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let source = Source::Inline {
+            offset: self.inline.len() as u64,
+        };
+        self.inline.extend_from_slice(bytes);
+        self.segments.push(Segment {
+            file_offset: self.end,
+            length: bytes.len() as u64,
+            source,
+        });
+        self.end += bytes.len() as u64;
+    }
+
     /// Appends the decoded bytes of tensor `tensor` of component `component` (`length` bytes),
     /// which the plan decodes from `header` (object `header_ref`) when they are read.
     pub(crate) fn push_decoded(
@@ -130,6 +155,7 @@ impl<'h> PlanBuilder<'h> {
     pub(crate) fn finish(self) -> SafetensorsPlan {
         SafetensorsPlan {
             prefix: self.prefix,
+            inline: self.inline,
             segments: self.segments,
             chunks: self.chunks,
             decoding: self.decoding,
@@ -186,6 +212,10 @@ impl SafetensorsPlan {
             let within = at - s.file_offset;
             let n = out.len().min((s.length - within) as usize);
             match s.source {
+                Source::Inline { offset } => {
+                    let from = (offset + within) as usize;
+                    out[..n].copy_from_slice(&self.inline[from..from + n]);
+                }
                 Source::Chunk { chunk, offset } => source.read_object(
                     &self.chunks[chunk as usize],
                     offset + within,

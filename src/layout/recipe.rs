@@ -7,11 +7,16 @@
 //!
 //! ```text
 //! {"text": "<the file's exact text>"}                                 configs, model_index.json, shard indexes
-//! {"component": "<name>", "header": "<the exact safetensors header JSON, padding included>"}
+//! {"component": "<name>", "header": "<the exact safetensors header JSON, padding included>",
+//!  "arrays": {"<array>": {"tensor": "<key>", "role": "<role>"} | {"hex": "<the bytes>"}, …}}
 //! ```
 //!
 //! A safetensors file is then the header's length (u64 little-endian), the header text, and the
-//! data buffer: each tensor the header names, taken from that component, at its `data_offsets`.
+//! data buffer: each array the header names at its `data_offsets`. An array is the component's
+//! plain tensor of the same name, unless `arrays` (optional, omitted when empty) says it is a
+//! part of an encoded tensor (a producer's companion array, such as `x.weight_scale` as part
+//! `scale` of `x.weight`) or gives its bytes (an array that only declares how others decode,
+//! such as ComfyUI's `x.comfy_quant`).
 //! Metadata is free-form (spec §4) and holds no object references, so the reference's verify,
 //! export and GC read such a header as any other (spec §7 closure rules); it ignores the key.
 
@@ -38,7 +43,25 @@ pub enum SourceFile {
         component: String,
         /// The header JSON as it was in the file (the `N` bytes after the length).
         header: String,
+        /// Arrays that are not the plain tensor of their name, by array name.
+        arrays: BTreeMap<String, ArraySource>,
     },
+}
+
+/// Where an array of a recorded safetensors file comes from, when it is not the plain tensor
+/// of its name.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArraySource {
+    /// Part `role` of encoded tensor `tensor` of the component; the part's bytes are the
+    /// array's (its dtype and shape may read them otherwise, as F4 for `U8` pairs).
+    Part {
+        /// The encoded tensor's key.
+        tensor: String,
+        /// The part's role.
+        role: String,
+    },
+    /// These bytes, kept in the recipe.
+    Bytes(Vec<u8>),
 }
 
 /// The recipe: source files by path in the lane folder.
@@ -73,6 +96,7 @@ impl SourceFiles {
                 (None, Some(component), Some(header)) => SourceFile::Safetensors {
                     component: component.to_owned(),
                     header: header.to_owned(),
+                    arrays: arrays_of(path, fields)?,
                 },
                 _ => {
                     return Err(format!(
@@ -91,10 +115,33 @@ impl SourceFiles {
         Value::map(self.0.iter().map(|(path, file)| {
             let fields = match file {
                 SourceFile::Text(t) => vec![("text".to_owned(), text(t))],
-                SourceFile::Safetensors { component, header } => vec![
-                    ("component".to_owned(), text(component)),
-                    ("header".to_owned(), text(header)),
-                ],
+                SourceFile::Safetensors {
+                    component,
+                    header,
+                    arrays,
+                } => {
+                    let mut fields = vec![
+                        ("component".to_owned(), text(component)),
+                        ("header".to_owned(), text(header)),
+                    ];
+                    if !arrays.is_empty() {
+                        let entries = arrays.iter().map(|(name, source)| {
+                            let entry = match source {
+                                ArraySource::Part { tensor, role } => Value::map([
+                                    ("tensor".to_owned(), text(tensor)),
+                                    ("role".to_owned(), text(role)),
+                                ]),
+                                // Metadata holds no byte strings (spec §9): hex text.
+                                ArraySource::Bytes(bytes) => {
+                                    Value::map([("hex".to_owned(), text(&hex::encode(bytes)))])
+                                }
+                            };
+                            (name.clone(), entry)
+                        });
+                        fields.push(("arrays".to_owned(), Value::map(entries)));
+                    }
+                    fields
+                }
             };
             (path.clone(), Value::map(fields))
         }))
@@ -117,6 +164,7 @@ impl SourceFiles {
                 SourceFile::Safetensors {
                     component,
                     header: text,
+                    arrays,
                 } => {
                     let Some(index) = header.components.iter().position(|c| c.name == *component)
                     else {
@@ -130,7 +178,7 @@ impl SourceFiles {
                             .map(|(i, t)| (t.key.as_str(), i as u32))
                             .collect()
                     });
-                    let (plan, tensors) = plan(header, chunks, text, &c.tensors, by_key)
+                    let (plan, tensors) = plan(header, chunks, text, &c.tensors, by_key, arrays)
                         .map_err(|why| files.invalid(path, why))?;
                     (
                         Content::Safetensors(Arc::new(plan)),
@@ -142,6 +190,41 @@ impl SourceFiles {
         }
         Ok(())
     }
+}
+
+/// The `arrays` entry of a recorded safetensors file (absent: none).
+fn arrays_of(
+    path: &str,
+    fields: &[(String, Value)],
+) -> Result<BTreeMap<String, ArraySource>, String> {
+    let Some((_, value)) = fields.iter().find(|(k, _)| k == "arrays") else {
+        return Ok(BTreeMap::new());
+    };
+    let Value::Map(entries) = value else {
+        return Err(format!("{path}: arrays is not a map"));
+    };
+    let mut arrays = BTreeMap::new();
+    for (name, entry) in entries {
+        let bad = || format!("{path}: array {name:?} is neither a part nor bytes");
+        let Value::Map(fields) = entry else {
+            return Err(bad());
+        };
+        let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v);
+        let source = match (get("tensor"), get("role"), get("hex")) {
+            (Some(Value::Text(tensor)), Some(Value::Text(role)), None) if fields.len() == 2 => {
+                ArraySource::Part {
+                    tensor: tensor.clone(),
+                    role: role.clone(),
+                }
+            }
+            (None, None, Some(Value::Text(text))) if fields.len() == 1 => {
+                ArraySource::Bytes(hex::decode(text).map_err(|_| bad())?)
+            }
+            _ => return Err(bad()),
+        };
+        arrays.insert(name.clone(), source);
+    }
+    Ok(arrays)
 }
 
 /// Whose a recorded text file is: `model_index.json` the pipeline's, a file in a component's
@@ -170,6 +253,7 @@ fn plan(
     text: &str,
     all: &[Tensor],
     by_key: &HashMap<&str, u32>,
+    arrays: &BTreeMap<String, ArraySource>,
 ) -> Result<(super::SafetensorsPlan, Vec<u32>), String> {
     // The data length is not recorded; the header's own offsets give it.
     let Json::Object(entries) = json::parse(text.as_bytes()).map_err(|e| e.to_string())? else {
@@ -203,11 +287,45 @@ fn plan(
     let mut builder = PlanBuilder::new(header, chunks, prefix);
     let mut held = Vec::with_capacity(parsed.tensors.len());
     for info in &parsed.tensors {
-        let Some(&index) = by_key.get(info.name.as_str()) else {
-            return Err(format!("tensor {:?} is not in the component", info.name));
+        let length = info.end - info.begin;
+        let (key, role) = match arrays.get(&info.name) {
+            None => (info.name.as_str(), None),
+            Some(ArraySource::Part { tensor, role }) => (tensor.as_str(), Some(role.as_str())),
+            Some(ArraySource::Bytes(bytes)) => {
+                if bytes.len() as u64 != length {
+                    return Err(format!(
+                        "array {:?} is {length} bytes in the header, {} in the recipe",
+                        info.name,
+                        bytes.len()
+                    ));
+                }
+                builder.push_inline(bytes);
+                continue;
+            }
         };
-        held.push(index);
+        let Some(&index) = by_key.get(key) else {
+            return Err(format!("tensor {key:?} is not in the component"));
+        };
+        if !held.contains(&index) {
+            held.push(index);
+        }
         let tensor = &all[index as usize];
+        if let Some(role) = role {
+            let Body::Encoded { parts, .. } = &tensor.body else {
+                return Err(format!("tensor {key:?} is plain, not encoded"));
+            };
+            let Some(part) = parts.iter().find(|p| p.role == role) else {
+                return Err(format!("tensor {key:?} has no part {role:?}"));
+            };
+            if part.location.length != length {
+                return Err(format!(
+                    "array {:?} is {length} bytes in the header, part {role:?} of {key:?} is {}",
+                    info.name, part.location.length
+                ));
+            }
+            builder.push(part.location);
+            continue;
+        }
         let Body::Plain(location) = tensor.body else {
             return Err(format!("tensor {:?} is encoded, not plain", info.name));
         };

@@ -1,0 +1,1338 @@
+//! Producer conventions: which arrays of a safetensors source are one encoded tensor.
+//!
+//! A quantizing producer stores a weight as several arrays (`x.weight` and `x.weight_scale`;
+//! GPTQ's `x.qweight`, `x.qzeros`, `x.scales`, `x.g_idx`) and says how they decode somewhere
+//! else: a config's `quantization_config`, a `hf_quant_config.json`, ComfyUI's per-layer
+//! `x.comfy_quant` document or `scaled_fp8` marker, bitsandbytes' `quant_state` document. The
+//! table `fs-layout/conventions.json` (documented in `fs-layout/README.md`) lists, per
+//! convention, what declares it, the arrays of a module (by suffix) and the part role each
+//! becomes, and the scheme and params (spec §6) it means.
+//!
+//! [`recognize`] sorts a component's arrays into plain tensors, encoded tensors and markers
+//! (arrays that only declare). A module is encoded when its anchor array (the convention's
+//! first part) has one of the convention's stored dtypes:
+//! - a declared convention must then build, or the import is refused naming the arrays;
+//! - an undeclared module with companion arrays is taken only when the table allows the
+//!   convention undeclared and every convention whose arrays match agrees on the encoding;
+//!   otherwise it is refused as ambiguous, naming the conventions `--converter` accepts.
+//!
+//! Every candidate encoding is checked by the decoder's own `prepare` (spec §6 refusals:
+//! dtypes, shapes, `g_idx` against `act_order`, a `quant_map` against its table), with the
+//! real bytes of each part up to [`CHECKED_PART_BYTES`], so an import never stores an encoded
+//! tensor that its decode would refuse for its shape or small parts.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+
+use super::model::SourceTensor;
+use crate::decode;
+use crate::format::json::{self, Json};
+use crate::format::{Config, Dtype, Value};
+
+/// The table, as the build carries it.
+const TABLE: &str = include_str!("../../fs-layout/conventions.json");
+
+/// Parts up to this size are read from the source to check the encoding; larger ones (weights)
+/// are checked by dtype and length only.
+pub(crate) const CHECKED_PART_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Table {
+    #[allow(dead_code)]
+    about: String,
+    ignored_marker_keys: Vec<String>,
+    conventions: Vec<Convention>,
+}
+
+/// One convention of the table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Convention {
+    name: String,
+    producer: String,
+    declared_by: Vec<Declaration>,
+    key: String,
+    anchor_dtypes: Vec<String>,
+    parts: Vec<PartRule>,
+    #[serde(default)]
+    constants: Vec<ConstantRule>,
+    dtype: Option<Expr>,
+    shape: Option<ShapeRule>,
+    encodings: Vec<EncodingRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+enum Declaration {
+    /// A tensor called `marker` (or `….marker`) anywhere in the component.
+    Marker { marker: String },
+    /// A module's `.comfy_quant` JSON array whose `format` is one of these.
+    ComfyQuant {
+        comfy_quant: Vec<String>,
+        #[serde(default)]
+        with: BTreeMap<String, Vec<serde_json::Value>>,
+    },
+    /// A module's JSON array `<module><state><anything>` (bitsandbytes' quant_state).
+    State {
+        state: String,
+        #[serde(default)]
+        with: BTreeMap<String, Vec<serde_json::Value>>,
+    },
+    /// The component config's `quantization_config` holding these values.
+    Config {
+        config: BTreeMap<String, Vec<serde_json::Value>>,
+    },
+    /// A JSON file of the component folder holding these values.
+    File {
+        file: String,
+        #[serde(rename = "match")]
+        matches: BTreeMap<String, Vec<serde_json::Value>>,
+    },
+    /// The arrays alone may tell this convention.
+    Undeclared { undeclared: bool },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartRule {
+    suffix: String,
+    role: String,
+    /// The dtype the part has in the header when the producer stores other bytes of the same
+    /// length (`U8` holding F4 pairs or F8_E8M0 scales).
+    #[serde(rename = "as")]
+    as_dtype: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConstantRule {
+    role: String,
+    dtype: String,
+    value: Expr,
+    if_part: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EncodingRule {
+    scheme: String,
+    #[serde(default)]
+    when: BTreeMap<String, Vec<serde_json::Value>>,
+    #[serde(default)]
+    vars: BTreeMap<String, Expr>,
+    #[serde(default)]
+    params: BTreeMap<String, Expr>,
+}
+
+/// A value: a literal, or looked up.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Expr {
+    Config {
+        config: Keys,
+        #[serde(default)]
+        map: Option<BTreeMap<String, serde_json::Value>>,
+        #[serde(default)]
+        default: Option<serde_json::Value>,
+    },
+    Marker {
+        marker: String,
+        #[serde(default)]
+        default: Option<serde_json::Value>,
+    },
+    HasPart {
+        has_part: String,
+    },
+    Logical {
+        logical: String,
+    },
+    CtPacking {
+        ct_packing: String,
+    },
+    Literal(serde_json::Value),
+}
+
+/// One key, or the first present of several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Keys {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+enum ShapeRule {
+    /// The anchor's shape with its last extent holding codes of this many bits in bytes.
+    AnchorBits { anchor_bits: u64 },
+    /// `[extent of one part, extent of another]`.
+    Extents {
+        rows: (String, usize),
+        cols: (String, usize),
+    },
+    /// The values of an integer part.
+    Values { values: String },
+    /// A list in the marker document.
+    Marker { marker: String },
+}
+
+fn table() -> &'static Table {
+    static TABLE_PARSED: OnceLock<Table> = OnceLock::new();
+    TABLE_PARSED.get_or_init(|| {
+        serde_json::from_str(TABLE).expect("fs-layout/conventions.json is checked by a unit test")
+    })
+}
+
+/// The names `--converter` accepts.
+pub(crate) fn names() -> Vec<&'static str> {
+    table()
+        .conventions
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect()
+}
+
+/// The JSON files of a component folder that may declare a convention.
+pub(crate) fn declaration_files() -> BTreeSet<&'static str> {
+    table()
+        .conventions
+        .iter()
+        .flat_map(|c| &c.declared_by)
+        .filter_map(|d| match d {
+            Declaration::File { file, .. } => Some(file.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What one source array becomes.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Item {
+    /// The array as a plain tensor of its own name.
+    Plain(usize),
+    /// An encoded tensor, listed where its first array is.
+    Encoded(EncodedModel),
+    /// An array that only declares a convention; the recipe keeps its bytes.
+    Marker(usize),
+}
+
+/// An encoded tensor built from source arrays.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct EncodedModel {
+    pub key: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub scheme: String,
+    pub params: Config,
+    pub parts: Vec<PartModel>,
+    /// The convention that made it.
+    pub convention: String,
+}
+
+/// One part of an [`EncodedModel`].
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PartModel {
+    pub role: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub source: PartSource,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum PartSource {
+    /// A source array (index into the component's tensors), bytes as stored.
+    Array(usize),
+    /// Bytes the convention states elsewhere (bitsandbytes' `nested_offset`).
+    Bytes(Vec<u8>),
+}
+
+/// What [`recognize`] needs besides the arrays.
+pub(crate) struct Context<'a> {
+    /// The component, for messages.
+    pub component: &'a str,
+    /// The component's config (`quantization_config`, `torch_dtype`).
+    pub config: &'a Config,
+    /// JSON files of the component folder by name (`hf_quant_config.json`).
+    pub files: &'a BTreeMap<String, Json>,
+    /// A convention the user declared for every module (`--converter`).
+    pub converter: Option<&'a str>,
+}
+
+/// Reads a source array's bytes (small arrays only: markers and checked parts).
+pub(crate) type ReadArray<'a> = dyn Fn(usize) -> Result<Vec<u8>, String> + 'a;
+
+/// Sorts `arrays` into plain tensors, encoded tensors and markers, in array order.
+///
+/// # Errors
+/// A declared convention that does not build, an undeclared or ambiguous module, a marker that
+/// cannot be read; the message names the arrays and what is wrong.
+pub(crate) fn recognize(
+    cx: &Context<'_>,
+    arrays: &[SourceTensor],
+    read: &ReadArray<'_>,
+) -> Result<Vec<Item>, String> {
+    let table = table();
+    let by_name: HashMap<&str, usize> = arrays
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.key.as_str(), i))
+        .collect();
+    let converter = match cx.converter {
+        Some(name) => Some(
+            table
+                .conventions
+                .iter()
+                .find(|c| c.name == name)
+                .ok_or_else(|| {
+                    format!(
+                        "--converter {name:?} is not a convention TensorFS knows ({})",
+                        names().join(", ")
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let quantization_config = cx.config.get("quantization_config").map(json::from_value);
+
+    // Component-wide declarations: the config, files, marker tensors.
+    let mut declared: Vec<(&Convention, Doc)> = Vec::new();
+    let mut markers: BTreeSet<usize> = BTreeSet::new();
+    for convention in &table.conventions {
+        for d in &convention.declared_by {
+            match d {
+                Declaration::Config { config } => {
+                    if let Some(q) = &quantization_config {
+                        if matches_all(q, config)? {
+                            declared.push((convention, Doc::Config(q.clone())));
+                        }
+                    }
+                }
+                Declaration::File { file, matches } => {
+                    if let Some(doc) = cx.files.get(file) {
+                        if matches_all(doc, matches)? {
+                            declared.push((convention, Doc::Config(doc.clone())));
+                        }
+                    }
+                }
+                Declaration::Marker { marker } => {
+                    let suffix = format!(".{marker}");
+                    let found: Vec<usize> = arrays
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, a)| a.key == *marker || a.key.ends_with(&suffix))
+                        .map(|(i, _)| i)
+                        .collect();
+                    if !found.is_empty() {
+                        markers.extend(found);
+                        declared.push((convention, Doc::None));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some(c) = converter {
+        declared.retain(|(d, _)| d.name == c.name);
+        if declared.is_empty() {
+            let doc = quantization_config.clone().map_or(Doc::None, Doc::Config);
+            declared.push((c, doc));
+        }
+    }
+    let config_doc = quantization_config.clone();
+
+    // Per-module declarations: ComfyUI's `.comfy_quant`, bitsandbytes' quant_state.
+    let mut module_docs: HashMap<String, (Vec<&Convention>, Json, String)> = HashMap::new();
+    for (i, a) in arrays.iter().enumerate() {
+        for convention in &table.conventions {
+            for d in &convention.declared_by {
+                let (module, with, format) = match d {
+                    Declaration::ComfyQuant { comfy_quant, with } => {
+                        match a.key.strip_suffix(".comfy_quant") {
+                            Some(m) => (m, with, Some(comfy_quant)),
+                            None => continue,
+                        }
+                    }
+                    Declaration::State { state, with } => match a.key.find(state.as_str()) {
+                        Some(at) if at > 0 => (&a.key[..at], with, None),
+                        _ => continue,
+                    },
+                    _ => continue,
+                };
+                markers.insert(i);
+                let doc = marker_doc(a, i, read)?;
+                if let Some(formats) = format {
+                    let Some(Json::Text(f)) = doc.get("format") else {
+                        return Err(format!("{}: has no \"format\" string", a.key));
+                    };
+                    if !formats.contains(f) {
+                        continue;
+                    }
+                }
+                if !matches_all(&doc, with)? {
+                    continue;
+                }
+                let entry = module_docs
+                    .entry(module.to_owned())
+                    .or_insert_with(|| (Vec::new(), doc.clone(), a.key.clone()));
+                entry.0.push(convention);
+            }
+        }
+    }
+    // A `.comfy_quant` whose format no convention takes.
+    for &i in &markers {
+        let key = &arrays[i].key;
+        if let Some(module) = key.strip_suffix(".comfy_quant") {
+            if !module_docs.contains_key(module) {
+                let doc = marker_doc(&arrays[i], i, read)?;
+                let format = doc.get("format").map(|f| format!("{}", JsonShow(f)));
+                let known: BTreeSet<&str> = table
+                    .conventions
+                    .iter()
+                    .flat_map(|c| &c.declared_by)
+                    .filter_map(|d| match d {
+                        Declaration::ComfyQuant { comfy_quant, .. } => Some(comfy_quant),
+                        _ => None,
+                    })
+                    .flatten()
+                    .map(String::as_str)
+                    .collect();
+                return Err(format!(
+                    "{key}: ComfyUI quantization format {} is not one TensorFS knows ({}), so \
+                     {module}'s arrays cannot be decoded; pass --converter to declare another \
+                     convention",
+                    format.unwrap_or_else(|| "(missing)".into()),
+                    known.into_iter().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+    }
+
+    // Modules: every array that is some convention's anchor.
+    let mut claimed: HashMap<usize, usize> = HashMap::new(); // array → encoded index
+    let mut encoded: Vec<EncodedModel> = Vec::new();
+    let mut modules_seen: BTreeSet<String> = BTreeSet::new();
+    for a in arrays.iter() {
+        for convention in &table.conventions {
+            let anchor = &convention.parts[0];
+            let Some(module) = a.key.strip_suffix(anchor.suffix.as_str()) else {
+                continue;
+            };
+            if module.is_empty() || !modules_seen.insert(format!("{module}\u{0}{}", anchor.suffix))
+            {
+                continue;
+            }
+            if let Some(model) = module_encoding(
+                cx,
+                module,
+                &anchor.suffix,
+                &by_name,
+                arrays,
+                read,
+                &declared,
+                module_docs.get(module),
+                config_doc.as_ref(),
+                converter,
+            )? {
+                let index = encoded.len();
+                for part in &model.parts {
+                    if let PartSource::Array(i) = part.source {
+                        if let Some(other) = claimed.insert(i, index) {
+                            return Err(format!(
+                                "{} would be a part of both {} and {}",
+                                arrays[i].key, encoded[other].key, model.key
+                            ));
+                        }
+                    }
+                }
+                encoded.push(model);
+            }
+        }
+    }
+    // A per-module declaration must have made its tensor.
+    for (module, (conventions, _, marker)) in &module_docs {
+        let made = encoded.iter().any(|e| {
+            conventions
+                .iter()
+                .any(|c| c.name == e.convention && e.key == format!("{module}{}", c.key))
+        });
+        if !made {
+            let wanted: Vec<String> = conventions
+                .iter()
+                .map(|c| {
+                    let anchor = format!("{module}{}", c.parts[0].suffix);
+                    match by_name.get(anchor.as_str()) {
+                        Some(&i) => format!(
+                            "{anchor} is {}, not {} as {} stores it",
+                            arrays[i].dtype,
+                            c.anchor_dtypes.join(" or "),
+                            c.name
+                        ),
+                        None => format!("{anchor} is missing"),
+                    }
+                })
+                .collect();
+            return Err(format!(
+                "{marker} declares a quantized weight, but {}",
+                wanted.join("; ")
+            ));
+        }
+    }
+    // The key of an encoded tensor may not also be a plain array's.
+    let mut items = Vec::with_capacity(arrays.len());
+    let mut emitted = vec![false; encoded.len()];
+    for (i, a) in arrays.iter().enumerate() {
+        if markers.contains(&i) {
+            items.push(Item::Marker(i));
+        } else if let Some(&e) = claimed.get(&i) {
+            if !emitted[e] {
+                emitted[e] = true;
+                items.push(Item::Encoded(encoded[e].clone()));
+            }
+        } else {
+            if let Some(e) = encoded.iter().find(|e| e.key == a.key) {
+                return Err(format!(
+                    "{} is a plain array, and also the key of the encoded tensor {} builds",
+                    a.key, e.convention
+                ));
+            }
+            items.push(Item::Plain(i));
+        }
+    }
+    Ok(items)
+}
+
+/// The document a convention reads values from.
+#[derive(Clone, Debug)]
+enum Doc {
+    None,
+    Config(Json),
+}
+
+/// How the module at `module` (its arrays `module + suffix`) is encoded, if it is.
+#[allow(clippy::too_many_arguments)]
+fn module_encoding(
+    cx: &Context<'_>,
+    module: &str,
+    anchor_suffix: &str,
+    by_name: &HashMap<&str, usize>,
+    arrays: &[SourceTensor],
+    read: &ReadArray<'_>,
+    declared: &[(&Convention, Doc)],
+    module_doc: Option<&(Vec<&Convention>, Json, String)>,
+    config_doc: Option<&Json>,
+    converter: Option<&Convention>,
+) -> Result<Option<EncodedModel>, String> {
+    let table = table();
+    let present = |c: &Convention, i: usize| {
+        by_name
+            .get(format!("{module}{}", c.parts[i].suffix).as_str())
+            .copied()
+    };
+    // Whether the anchor is stored as this convention stores it, and whether companions exist.
+    let anchored = |c: &Convention| {
+        present(c, 0).is_some_and(|i| c.anchor_dtypes.iter().any(|d| d == arrays[i].dtype.name()))
+    };
+    let companions = |c: &Convention| (1..c.parts.len()).any(|p| present(c, p).is_some());
+    let here = |c: &Convention| c.parts[0].suffix == anchor_suffix;
+
+    // Declared for this module: its own marker first, then the component's declarations.
+    let mut candidates: Vec<(&Convention, Option<&Json>, Option<&Json>)> = Vec::new();
+    if let Some((conventions, doc, _)) = module_doc {
+        for c in conventions {
+            candidates.push((c, Some(doc), config_doc));
+        }
+    }
+    if candidates.is_empty() {
+        for (c, doc) in declared {
+            let config = match doc {
+                Doc::Config(j) => Some(j),
+                Doc::None => config_doc,
+            };
+            candidates.push((c, None, config));
+        }
+    }
+    let relevant: Vec<_> = candidates
+        .iter()
+        .filter(|(c, _, _)| here(c) && present(c, 0).is_some())
+        .collect();
+    if !relevant.is_empty() {
+        let mut errors = Vec::new();
+        for (c, marker, config) in &relevant {
+            if !anchored(c) {
+                if companions(c) {
+                    let a = &arrays[present(c, 0).expect("relevant")];
+                    errors.push(format!(
+                        "{}: {} is {}, not {} as {} stores it",
+                        c.name,
+                        a.key,
+                        a.dtype,
+                        c.anchor_dtypes.join(" or "),
+                        c.producer
+                    ));
+                }
+                continue;
+            }
+            match build(cx, c, module, by_name, arrays, read, *marker, *config) {
+                Ok(model) => return Ok(Some(model)),
+                Err(why) => errors.push(format!("{}: {why}", c.name)),
+            }
+        }
+        if errors.is_empty() {
+            return Ok(None);
+        }
+        let declared_by = module_doc.map_or_else(
+            || {
+                converter.map_or_else(
+                    || "the component's quantization declaration".to_owned(),
+                    |c| format!("--converter {}", c.name),
+                )
+            },
+            |(_, _, key)| key.clone(),
+        );
+        return Err(format!(
+            "module {module} (declared by {declared_by}) cannot be read as declared: {}",
+            errors.join("; ")
+        ));
+    }
+    if module_doc.is_some() {
+        // Judged once every module is seen (recognize): a declared module never falls back
+        // to the undeclared rules.
+        return Ok(None);
+    }
+
+    // Undeclared: only arrays that look like a convention's (anchor stored as it stores it,
+    // and a companion beside it).
+    let looks: Vec<&Convention> = table
+        .conventions
+        .iter()
+        .filter(|c| here(c) && anchored(c) && companions(c))
+        .collect();
+    if looks.is_empty() {
+        return Ok(None);
+    }
+    let mut built: Vec<(&Convention, EncodedModel)> = Vec::new();
+    for c in &looks {
+        if let Ok(model) = build(cx, c, module, by_name, arrays, read, None, config_doc) {
+            built.push((c, model));
+        }
+    }
+    let allowed = |c: &Convention| {
+        c.declared_by
+            .iter()
+            .any(|d| matches!(d, Declaration::Undeclared { undeclared: true }))
+    };
+    let arrays_named: Vec<String> = looks
+        .iter()
+        .flat_map(|c| (0..c.parts.len()).filter_map(move |p| present(c, p)))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .map(|i| arrays[i].key.clone())
+        .collect();
+    let same = |a: &EncodedModel, b: &EncodedModel| {
+        a.scheme == b.scheme && a.params == b.params && a.shape == b.shape && a.dtype == b.dtype
+    };
+    if let Some((_, first)) = built.iter().find(|(c, _)| allowed(c)) {
+        if built.iter().all(|(_, m)| same(m, first)) {
+            return Ok(Some(first.clone()));
+        }
+    }
+    let names: Vec<String> = looks
+        .iter()
+        .map(|c| format!("{} ({})", c.name, c.producer))
+        .collect();
+    let what = if built.is_empty() {
+        "incomplete or malformed"
+    } else {
+        "ambiguous"
+    };
+    Err(format!(
+        "{} in component {:?} look like quantized arrays of {}, but nothing declares the \
+         convention (a config quantization_config, hf_quant_config.json, .comfy_quant or \
+         scaled_fp8 marker), and the arrays alone are {what}; pass --converter NAME to declare it",
+        arrays_named.join(", "),
+        cx.component,
+        names.join(" or ")
+    ))
+}
+
+/// Builds `module`'s encoded tensor under `c`, checked by the decoder.
+#[allow(clippy::too_many_arguments)]
+fn build(
+    cx: &Context<'_>,
+    c: &Convention,
+    module: &str,
+    by_name: &HashMap<&str, usize>,
+    arrays: &[SourceTensor],
+    read: &ReadArray<'_>,
+    marker: Option<&Json>,
+    config: Option<&Json>,
+) -> Result<EncodedModel, String> {
+    let table = table();
+    if let Some(doc) = marker {
+        check_marker_keys(c, doc, &table.ignored_marker_keys)?;
+    }
+    // Parts present, in the table's order.
+    let mut parts: Vec<(&PartRule, usize)> = Vec::new();
+    for rule in &c.parts {
+        if let Some(&i) = by_name.get(format!("{module}{}", rule.suffix).as_str()) {
+            parts.push((rule, i));
+        }
+    }
+    let anchor = &arrays[parts[0].1];
+    let key = format!("{module}{}", c.key);
+    let roles: BTreeSet<&str> = parts.iter().map(|(r, _)| r.role.as_str()).collect();
+    let lookup = Lookup {
+        marker,
+        config,
+        roles: &roles,
+        columns: None,
+    };
+
+    // The logical shape.
+    let shape: Vec<u64> = match &c.shape {
+        None => {
+            let mut s = anchor.shape.clone();
+            if parts[0].0.as_dtype.as_deref() == Some("F4") {
+                let last = s.last_mut().ok_or("the weight is a scalar")?;
+                *last = last.checked_mul(2).ok_or("shape overflows")?;
+            }
+            s
+        }
+        Some(ShapeRule::AnchorBits { anchor_bits }) => {
+            let mut s = anchor.shape.clone();
+            let last = s.last_mut().ok_or("the weight is a scalar")?;
+            let bits = *last * 8;
+            if *anchor_bits == 0 || bits % anchor_bits != 0 {
+                return Err(format!(
+                    "{} holds {} bytes per row, not whole {anchor_bits}-bit codes",
+                    anchor.key, *last
+                ));
+            }
+            *last = bits / anchor_bits;
+            s
+        }
+        Some(ShapeRule::Extents { rows, cols }) => {
+            let extent = |(role, axis): &(String, usize)| -> Result<u64, String> {
+                let (_, i) = parts
+                    .iter()
+                    .find(|(r, _)| r.role == *role)
+                    .ok_or_else(|| format!("{module}: part {role} is missing"))?;
+                arrays[*i].shape.get(*axis).copied().ok_or_else(|| {
+                    format!(
+                        "{} has rank {}, no axis {axis}",
+                        arrays[*i].key,
+                        arrays[*i].shape.len()
+                    )
+                })
+            };
+            vec![extent(rows)?, extent(cols)?]
+        }
+        Some(ShapeRule::Values { values }) => {
+            let (_, i) = parts
+                .iter()
+                .find(|(r, _)| r.role == *values)
+                .ok_or_else(|| format!("{module}: part {values} is missing"))?;
+            integers(&arrays[*i], &read(*i)?)?
+        }
+        Some(ShapeRule::Marker { marker: k }) => {
+            let doc = marker.ok_or("no marker document states the shape")?;
+            match doc.get(k) {
+                Some(Json::Array(items)) => items
+                    .iter()
+                    .map(|v| match v {
+                        Json::Uint(n) => Ok(*n),
+                        other => Err(format!("marker {k}: {} is not an extent", JsonShow(other))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                _ => return Err(format!("marker has no {k} list")),
+            }
+        }
+    };
+    let lookup = Lookup {
+        columns: shape.last().copied(),
+        ..lookup
+    };
+
+    // The logical dtype: the convention's rule, else the config's, else the component's floats.
+    let dtype = match &c.dtype {
+        Some(expr) => {
+            let v = lookup.eval(expr)?;
+            match &v {
+                Json::Text(t) => {
+                    torch_dtype(t).ok_or(format!("dtype {t:?} is not F32, BF16 or F16"))?
+                }
+                other => return Err(format!("dtype {} is not a name", JsonShow(other))),
+            }
+        }
+        None => logical_dtype(cx, arrays)?,
+    };
+
+    // Scheme and params: the first rule whose `when` holds.
+    let mut chosen = None;
+    for rule in &c.encodings {
+        let applies = rule.when.iter().try_fold(true, |ok, (path, values)| {
+            Ok::<bool, String>(
+                ok && {
+                    let v = lookup.config_value(path)?;
+                    values.iter().any(|w| json_eq(&v, w))
+                },
+            )
+        })?;
+        if applies {
+            chosen = Some(rule);
+            break;
+        }
+    }
+    let rules: Vec<&EncodingRule> = match chosen {
+        Some(r) if r.when.is_empty() => c.encodings.iter().filter(|e| e.when.is_empty()).collect(),
+        Some(r) => vec![r],
+        None => return Err("no encoding of the convention matches the config".into()),
+    };
+
+    // Parts with their header dtypes and shapes; constants from the documents.
+    let mut models: Vec<PartModel> = Vec::new();
+    for (rule, i) in &parts {
+        let a = &arrays[*i];
+        let (dtype, shape) = match rule.as_dtype.as_deref() {
+            None => (a.dtype.clone(), a.shape.clone()),
+            Some(name) => {
+                let d = Dtype::parse(name).map_err(|e| e.to_string())?;
+                if d == Dtype::F4 {
+                    let want = d.byte_len(&shape).ok().flatten();
+                    if want != Some(a.length) {
+                        return Err(format!(
+                            "{} holds {} bytes, not the {} of F4 {:?}",
+                            a.key,
+                            a.length,
+                            want.map_or("?".into(), |n| n.to_string()),
+                            shape
+                        ));
+                    }
+                    (d, shape.clone())
+                } else {
+                    if a.dtype.bits() != d.bits() {
+                        return Err(format!("{} is {}, which cannot hold {d}", a.key, a.dtype));
+                    }
+                    (d, a.shape.clone())
+                }
+            }
+        };
+        models.push(PartModel {
+            role: rule.role.clone(),
+            dtype,
+            shape,
+            source: PartSource::Array(*i),
+        });
+    }
+    for k in &c.constants {
+        if k.if_part
+            .as_ref()
+            .is_some_and(|r| !roles.contains(r.as_str()))
+        {
+            continue;
+        }
+        let v = lookup.eval(&k.value)?;
+        let dtype = Dtype::parse(&k.dtype).map_err(|e| e.to_string())?;
+        let bytes = match (&dtype, &v) {
+            (Dtype::F32, Json::Float(f)) => (*f as f32).to_le_bytes().to_vec(),
+            (Dtype::F32, Json::Uint(n)) => (*n as f32).to_le_bytes().to_vec(),
+            (Dtype::F32, Json::Int(n)) => (*n as f32).to_le_bytes().to_vec(),
+            _ => {
+                return Err(format!(
+                    "{}: {} is not a {dtype} number",
+                    k.role,
+                    JsonShow(&v)
+                ))
+            }
+        };
+        models.push(PartModel {
+            role: k.role.clone(),
+            dtype,
+            shape: vec![1],
+            source: PartSource::Bytes(bytes),
+        });
+    }
+
+    // The first candidate encoding the decoder accepts.
+    let mut refusals = Vec::new();
+    for rule in rules {
+        let (scheme, params) = match encoding(rule, &lookup) {
+            Ok(e) => e,
+            Err(why) => {
+                refusals.push(why);
+                continue;
+            }
+        };
+        match check(&scheme, &params, &dtype, &shape, &models, arrays, read) {
+            Ok(()) => {
+                return Ok(EncodedModel {
+                    key,
+                    dtype,
+                    shape,
+                    scheme,
+                    params,
+                    parts: models,
+                    convention: c.name.clone(),
+                })
+            }
+            Err(why) => refusals.push(why),
+        }
+    }
+    // Name the arrays a missing part would have been.
+    let missing: Vec<String> = c
+        .parts
+        .iter()
+        .filter(|r| {
+            refusals
+                .iter()
+                .any(|w| w.contains(&format!("part {:?} is missing", r.role)))
+        })
+        .map(|r| format!("{module}{}", r.suffix))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} is missing ({})",
+            missing.join(", "),
+            refusals.join("; ")
+        ));
+    }
+    Err(refusals.join("; "))
+}
+
+/// Scheme and params of `rule`.
+fn encoding(rule: &EncodingRule, lookup: &Lookup<'_>) -> Result<(String, Config), String> {
+    let mut scheme = rule.scheme.clone();
+    for (name, expr) in &rule.vars {
+        let v = lookup.eval(expr)?;
+        let text = match &v {
+            Json::Text(t) => t.clone(),
+            Json::Uint(n) => n.to_string(),
+            other => return Err(format!("{name}: {} is not a name", JsonShow(other))),
+        };
+        scheme = scheme.replace(&format!("{{{name}}}"), &text);
+    }
+    let mut params = Config::new();
+    for (name, expr) in &rule.params {
+        let v = lookup.eval(expr)?;
+        params.insert(name.clone(), param_value(name, &v)?);
+    }
+    Ok((scheme, params))
+}
+
+/// A document value as a param (spec §4: no floats, no null).
+fn param_value(name: &str, v: &Json) -> Result<Value, String> {
+    match v {
+        Json::Null | Json::Float(_) => Err(format!(
+            "param {name}: {} is not a param value",
+            JsonShow(v)
+        )),
+        Json::Array(items) => Ok(Value::Array(
+            items
+                .iter()
+                .map(|i| param_value(name, i))
+                .collect::<Result<_, _>>()?,
+        )),
+        other => Ok(json::to_value(other)),
+    }
+}
+
+/// Runs the decoder's checks on the tensor as it would be stored.
+fn check(
+    scheme: &str,
+    params: &Config,
+    dtype: &Dtype,
+    shape: &[u64],
+    parts: &[PartModel],
+    arrays: &[SourceTensor],
+    read: &ReadArray<'_>,
+) -> Result<(), String> {
+    let mut held: Vec<memmap2::MmapMut> = Vec::new();
+    let mut owned: Vec<Vec<u8>> = Vec::new();
+    enum At {
+        Owned(usize),
+        Held(usize),
+    }
+    let mut at = Vec::new();
+    for p in parts {
+        match &p.source {
+            PartSource::Bytes(b) => {
+                owned.push(b.clone());
+                at.push(At::Owned(owned.len() - 1));
+            }
+            PartSource::Array(i) if arrays[*i].length <= CHECKED_PART_BYTES => {
+                owned.push(read(*i)?);
+                at.push(At::Owned(owned.len() - 1));
+            }
+            PartSource::Array(i) => {
+                // Untouched anonymous memory of the right length: never faulted in unless
+                // the decoder reads it.
+                let map = memmap2::MmapMut::map_anon(arrays[*i].length as usize)
+                    .map_err(|e| format!("cannot map {} bytes: {e}", arrays[*i].length))?;
+                held.push(map);
+                at.push(At::Held(held.len() - 1));
+            }
+        }
+    }
+    let decode_parts = parts
+        .iter()
+        .zip(&at)
+        .map(|(p, a)| decode::Part {
+            role: &p.role,
+            dtype: &p.dtype,
+            shape: &p.shape,
+            bytes: match a {
+                At::Owned(k) => &owned[*k],
+                At::Held(k) => &held[*k],
+            },
+        })
+        .collect();
+    let tensor = decode::Encoded {
+        scheme,
+        params,
+        dtype,
+        shape,
+        parts: decode_parts,
+    };
+    decode::prepare(&tensor)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Values read by a convention: the module's marker document, the declaring config.
+struct Lookup<'a> {
+    marker: Option<&'a Json>,
+    config: Option<&'a Json>,
+    roles: &'a BTreeSet<&'a str>,
+    columns: Option<u64>,
+}
+
+impl Lookup<'_> {
+    fn eval(&self, expr: &Expr) -> Result<Json, String> {
+        match expr {
+            Expr::Literal(v) => Ok(from_serde(v)),
+            Expr::HasPart { has_part } => Ok(Json::Bool(self.roles.contains(has_part.as_str()))),
+            Expr::Logical { logical } if logical == "columns" => self
+                .columns
+                .map(Json::Uint)
+                .ok_or_else(|| "the logical shape has no columns".into()),
+            Expr::Logical { logical } => Err(format!("unknown logical value {logical:?}")),
+            Expr::Marker { marker, default } => {
+                let doc = self.marker.ok_or("no marker document")?;
+                match marker_get(doc, marker) {
+                    Some(v) => Ok(v.clone()),
+                    None => default
+                        .as_ref()
+                        .map(from_serde)
+                        .ok_or_else(|| format!("the marker has no {marker:?}")),
+                }
+            }
+            Expr::Config {
+                config,
+                map,
+                default,
+            } => {
+                let keys: Vec<&String> = match config {
+                    Keys::One(k) => vec![k],
+                    Keys::Many(ks) => ks.iter().collect(),
+                };
+                let mut found = None;
+                for k in keys.iter() {
+                    let v = self.config_value(k)?;
+                    if v != Json::Null {
+                        found = Some(v);
+                        break;
+                    }
+                }
+                let v = match (found, default) {
+                    (Some(v), _) => v,
+                    (None, Some(d)) => return Ok(from_serde(d)),
+                    (None, None) => {
+                        return Err(format!(
+                            "the quantization config has no {}",
+                            keys.iter()
+                                .map(|k| k.as_str())
+                                .collect::<Vec<_>>()
+                                .join(" or ")
+                        ))
+                    }
+                };
+                match map {
+                    None => Ok(v),
+                    Some(map) => {
+                        let key = match &v {
+                            Json::Text(t) => t.clone(),
+                            other => format!("{}", JsonShow(other)),
+                        };
+                        map.get(&key).map(from_serde).ok_or_else(|| {
+                            format!(
+                                "{} is {key:?}, not one of {}",
+                                keys[0],
+                                map.keys().cloned().collect::<Vec<_>>().join(", ")
+                            )
+                        })
+                    }
+                }
+            }
+            Expr::CtPacking { ct_packing } => {
+                let bits = match self.config_value(ct_packing)? {
+                    Json::Uint(b) if (1..=8).contains(&b) => b,
+                    other => {
+                        return Err(format!("{ct_packing} is {}, not 1 to 8", JsonShow(&other)))
+                    }
+                };
+                if 32 % bits == 0 {
+                    // Word and dense packing are the same bytes.
+                    return Ok(Json::Text("dense".into()));
+                }
+                // compressed-tensors packs densely from 0.17 on.
+                match self.config_value("version")? {
+                    Json::Text(v) => {
+                        let mut it = v.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+                        let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+                        let dense = major > 0 || minor >= 17;
+                        Ok(Json::Text(if dense { "dense" } else { "word" }.into()))
+                    }
+                    _ => Err(format!(
+                        "{bits}-bit codes pack differently before and after compressed-tensors \
+                         0.17, and the config states no version"
+                    )),
+                }
+            }
+        }
+    }
+
+    /// A value of the declaring config by dotted path; `*` takes every entry of an object,
+    /// which must agree. `Null` when absent.
+    fn config_value(&self, path: &str) -> Result<Json, String> {
+        let Some(doc) = self.config else {
+            return Ok(Json::Null);
+        };
+        let mut found: Vec<&Json> = vec![doc];
+        for segment in path.split('.') {
+            let mut next = Vec::new();
+            for v in found {
+                if segment == "*" {
+                    if let Json::Object(entries) = v {
+                        next.extend(entries.iter().map(|(_, v)| v));
+                    }
+                } else if let Some(v) = v.get(segment) {
+                    next.push(v);
+                }
+            }
+            found = next;
+        }
+        match found.as_slice() {
+            [] => Ok(Json::Null),
+            [first, rest @ ..] => {
+                if let Some(other) = rest.iter().find(|v| *v != first) {
+                    return Err(format!(
+                        "the quantization config's {path} differs between entries ({} and {}); \
+                         models quantized with several settings are not supported",
+                        JsonShow(first),
+                        JsonShow(other)
+                    ));
+                }
+                Ok((*first).clone())
+            }
+        }
+    }
+}
+
+/// ComfyUI reads a marker key at the top level, then under `params`.
+fn marker_get<'a>(doc: &'a Json, key: &str) -> Option<&'a Json> {
+    doc.get(key)
+        .or_else(|| doc.get("params").and_then(|p| p.get(key)))
+}
+
+/// Every key of a ComfyUI marker must be one the convention reads: an unknown key may change
+/// the decode (spec §6: params are never ignored).
+fn check_marker_keys(c: &Convention, doc: &Json, ignored: &[String]) -> Result<(), String> {
+    let mut read: BTreeSet<&str> = BTreeSet::from(["format", "params"]);
+    let exprs = c
+        .encodings
+        .iter()
+        .flat_map(|rule| rule.params.values().chain(rule.vars.values()))
+        .chain(c.constants.iter().map(|k| &k.value));
+    for e in exprs {
+        if let Expr::Marker { marker, .. } = e {
+            read.insert(marker);
+        }
+    }
+    for d in &c.declared_by {
+        match d {
+            Declaration::ComfyQuant { with, .. } => {
+                read.extend(with.keys().map(String::as_str));
+            }
+            // bitsandbytes' quant_state states what its arrays are; its keys are checked by
+            // the decoder through the values built from them.
+            Declaration::State { .. } => return Ok(()),
+            _ => {}
+        }
+    }
+    let entries = |j: &Json| match j {
+        Json::Object(e) => e.clone(),
+        _ => Vec::new(),
+    };
+    let mut all = entries(doc);
+    if let Some(p) = doc.get("params") {
+        all.extend(entries(p));
+    }
+    for (k, v) in all {
+        if !read.contains(k.as_str()) && !ignored.contains(&k) {
+            return Err(format!(
+                "the marker's {k:?} ({}) is not a key TensorFS reads for {}, so its effect on \
+                 the decode is unknown",
+                JsonShow(&v),
+                c.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A marker array's JSON document (U8 or I8 bytes of UTF-8 JSON).
+fn marker_doc(a: &SourceTensor, i: usize, read: &ReadArray<'_>) -> Result<Json, String> {
+    if a.length > 1 << 20 {
+        return Err(format!(
+            "{}: a {} byte marker is too large",
+            a.key, a.length
+        ));
+    }
+    let bytes = read(i)?;
+    // Some producers pad with NULs.
+    let end = bytes.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
+    json::parse(&bytes[..end]).map_err(|e| format!("{}: not a JSON document: {e}", a.key))
+}
+
+/// Whether `doc` holds, at each dotted path, one of the values (`null` for absent).
+fn matches_all(
+    doc: &Json,
+    want: &BTreeMap<String, Vec<serde_json::Value>>,
+) -> Result<bool, String> {
+    for (path, values) in want {
+        let lookup = Lookup {
+            marker: None,
+            config: Some(doc),
+            roles: &BTreeSet::new(),
+            columns: None,
+        };
+        let v = match lookup.config_value(path) {
+            Ok(v) => v,
+            Err(_) => return Ok(false),
+        };
+        if !values.iter().any(|w| json_eq(&v, w)) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn json_eq(a: &Json, b: &serde_json::Value) -> bool {
+    *a == from_serde(b)
+}
+
+fn from_serde(v: &serde_json::Value) -> Json {
+    match v {
+        serde_json::Value::Null => Json::Null,
+        serde_json::Value::Bool(b) => Json::Bool(*b),
+        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Json::Uint(u),
+            (None, Some(i)) => Json::Int(i),
+            _ => Json::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Json::Text(s.clone()),
+        serde_json::Value::Array(items) => Json::Array(items.iter().map(from_serde).collect()),
+        serde_json::Value::Object(m) => {
+            Json::Object(m.iter().map(|(k, v)| (k.clone(), from_serde(v))).collect())
+        }
+    }
+}
+
+/// A JSON value for messages.
+struct JsonShow<'a>(&'a Json);
+
+impl std::fmt::Display for JsonShow<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match json::canonical(self.0) {
+            Ok(text) => f.write_str(&text),
+            Err(_) => write!(f, "{:?}", self.0),
+        }
+    }
+}
+
+/// A torch dtype name (`float16`, `torch.bfloat16`) as a logical dtype.
+fn torch_dtype(name: &str) -> Option<Dtype> {
+    match name.strip_prefix("torch.").unwrap_or(name) {
+        "float32" | "float" => Some(Dtype::F32),
+        "bfloat16" => Some(Dtype::BF16),
+        "float16" | "half" => Some(Dtype::F16),
+        _ => None,
+    }
+}
+
+/// The dtype quantized weights stand for: the config's `torch_dtype` (or `dtype`), else the
+/// dtype most of the component's float arrays other than companions have.
+fn logical_dtype(cx: &Context<'_>, arrays: &[SourceTensor]) -> Result<Dtype, String> {
+    for key in ["torch_dtype", "dtype"] {
+        if let Some(Value::Text(t)) = cx.config.get(key) {
+            if let Some(d) = torch_dtype(t) {
+                return Ok(d);
+            }
+        }
+    }
+    // Companion arrays (scales are often F32 in a BF16 model) do not count.
+    let companions: BTreeSet<&str> = table()
+        .conventions
+        .iter()
+        .flat_map(|c| c.parts.iter().skip(1).map(|p| p.suffix.as_str()))
+        .collect();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in arrays {
+        let companion = companions.iter().any(|s| a.key.ends_with(s));
+        if !companion && matches!(a.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            *counts.entry(a.dtype.name()).or_default() += 1;
+        }
+    }
+    let mut ranked: Vec<(usize, &str)> = counts.into_iter().map(|(d, n)| (n, d)).collect();
+    ranked.sort_by(|a, b| b.cmp(a));
+    match ranked.as_slice() {
+        [(_, d)] => Ok(Dtype::parse(d).expect("a known name")),
+        [(a, d), (b, _), ..] if a > b => Ok(Dtype::parse(d).expect("a known name")),
+        [] => Err(format!(
+            "component {:?}: no config dtype (torch_dtype) and no float arrays tell the dtype \
+             its quantized weights stand for",
+            cx.component
+        )),
+        _ => Err(format!(
+            "component {:?}: no config dtype (torch_dtype), and its float arrays are as often \
+             {} as {}, so the dtype its quantized weights stand for is unclear",
+            cx.component, ranked[0].1, ranked[1].1
+        )),
+    }
+}
+
+/// The little-endian integer values of an I32, I64, U8 … array.
+fn integers(a: &SourceTensor, bytes: &[u8]) -> Result<Vec<u64>, String> {
+    let size = match a.dtype {
+        Dtype::I32 | Dtype::U32 => 4,
+        Dtype::I64 | Dtype::U64 => 8,
+        _ => return Err(format!("{} is {}, not I32 or I64", a.key, a.dtype)),
+    };
+    bytes
+        .chunks_exact(size)
+        .map(|c| {
+            let v = if size == 4 {
+                i64::from(i32::from_le_bytes(c.try_into().expect("4 bytes")))
+            } else {
+                i64::from_le_bytes(c.try_into().expect("8 bytes"))
+            };
+            u64::try_from(v).map_err(|_| format!("{} holds {v}, not an extent", a.key))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

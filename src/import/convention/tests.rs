@@ -1,0 +1,276 @@
+use super::*;
+
+/// Arrays (name, dtype, shape, bytes) laid one after another in one file.
+fn arrays(spec: &[(&str, &str, &[u64], Vec<u8>)]) -> (Vec<SourceTensor>, Vec<Vec<u8>>) {
+    let mut offset = 0;
+    let mut out = Vec::new();
+    let mut bytes = Vec::new();
+    for (name, dtype, shape, b) in spec {
+        let dtype = Dtype::parse(dtype).unwrap();
+        assert_eq!(
+            dtype.byte_len(shape).unwrap(),
+            Some(b.len() as u64),
+            "{name}"
+        );
+        out.push(SourceTensor {
+            key: (*name).to_owned(),
+            dtype,
+            shape: shape.to_vec(),
+            file: 0,
+            offset,
+            length: b.len() as u64,
+        });
+        offset += b.len() as u64;
+        bytes.push(b.clone());
+    }
+    (out, bytes)
+}
+
+fn run(
+    spec: &[(&str, &str, &[u64], Vec<u8>)],
+    config: &str,
+    converter: Option<&str>,
+) -> Result<Vec<Item>, String> {
+    let (tensors, bytes) = arrays(spec);
+    let config: Config = match json::to_value(&json::parse(config.as_bytes()).unwrap()) {
+        Value::Map(entries) => entries.into_iter().collect(),
+        _ => panic!("a config object"),
+    };
+    let cx = Context {
+        component: "model",
+        config: &config,
+        files: &BTreeMap::new(),
+        converter,
+    };
+    recognize(&cx, &tensors, &|i| Ok(bytes[i].clone()))
+}
+
+fn encoded(items: &[Item]) -> Vec<&EncodedModel> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Encoded(e) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+fn f32s(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn i32s(values: &[i32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn the_table_parses_and_names_schemes_this_build_decodes() {
+    let t = table();
+    let mut names = BTreeSet::new();
+    for c in &t.conventions {
+        assert!(names.insert(&c.name), "{} twice", c.name);
+        assert!(!c.declared_by.is_empty(), "{}", c.name);
+        for d in &c.anchor_dtypes {
+            assert!(Dtype::known(d).is_some(), "{}: {d}", c.name);
+        }
+        let roles: BTreeSet<&str> = c.parts.iter().map(|p| p.role.as_str()).collect();
+        assert_eq!(roles.len(), c.parts.len(), "{}: roles repeat", c.name);
+        for e in &c.encodings {
+            if !e.scheme.contains('{') {
+                assert!(
+                    decode::scheme(&e.scheme).is_some(),
+                    "{}: {}",
+                    c.name,
+                    e.scheme
+                );
+            }
+        }
+    }
+    assert!(declaration_files().contains("hf_quant_config.json"));
+}
+
+#[test]
+fn plain_checkpoints_stay_plain() {
+    let items = run(
+        &[
+            ("a.weight", "BF16", &[2, 2], vec![0; 8]),
+            ("a.weight_scale", "F32", &[], vec![0; 4]),
+            ("b.weight", "F8_E4M3", &[2, 2], vec![0; 4]),
+        ],
+        "{}",
+        None,
+    )
+    .unwrap();
+    assert_eq!(items, vec![Item::Plain(0), Item::Plain(1), Item::Plain(2)]);
+}
+
+#[test]
+fn a_scaled_fp8_marker_makes_tensorwise_fp8_with_its_input_scale() {
+    let items = run(
+        &[
+            ("scaled_fp8", "F8_E4M3", &[0], vec![]),
+            ("a.weight", "F8_E4M3", &[4, 32], vec![0x38; 128]),
+            ("a.scale_weight", "F32", &[], f32s(&[0.5])),
+            ("a.scale_input", "F32", &[], f32s(&[2.0])),
+            ("a.bias", "BF16", &[4], vec![0; 8]),
+        ],
+        "{}",
+        None,
+    )
+    .unwrap();
+    assert_eq!(items[0], Item::Marker(0));
+    assert_eq!(items[2], Item::Plain(4));
+    let e = encoded(&items);
+    assert_eq!(e.len(), 1);
+    assert_eq!(
+        (
+            e[0].key.as_str(),
+            e[0].scheme.as_str(),
+            &e[0].dtype,
+            &e[0].shape[..]
+        ),
+        ("a.weight", "fp8.tensorwise", &Dtype::BF16, &[4, 32][..])
+    );
+    let roles: Vec<&str> = e[0].parts.iter().map(|p| p.role.as_str()).collect();
+    assert_eq!(roles, ["weight", "scale", "input_scale"]);
+}
+
+/// NVFP4 arrays as ModelOpt names them, `[128, 32]` logical.
+fn nvfp4_arrays(with_scale: bool) -> Vec<(&'static str, &'static str, &'static [u64], Vec<u8>)> {
+    let mut spec = vec![("x.weight", "U8", &[128u64, 16][..], vec![0x21; 128 * 16])];
+    if with_scale {
+        spec.push(("x.weight_scale", "F8_E4M3", &[128, 2], vec![0x38; 256]));
+    }
+    spec.push(("x.weight_scale_2", "F32", &[], f32s(&[1.0])));
+    spec.push(("x.bias", "BF16", &[128], vec![0; 256]));
+    spec
+}
+
+#[test]
+fn undeclared_nvfp4_is_refused_as_ambiguous_until_a_converter_declares_it() {
+    let err = run(&nvfp4_arrays(true), "{}", None).unwrap_err();
+    for want in [
+        "x.weight_scale",
+        "modelopt.nvfp4",
+        "comfy.nvfp4",
+        "--converter",
+    ] {
+        assert!(err.contains(want), "{want} not in: {err}");
+    }
+    let items = run(&nvfp4_arrays(true), "{}", Some("modelopt.nvfp4")).unwrap();
+    let e = encoded(&items);
+    assert_eq!(e[0].shape, [128, 32]);
+    assert_eq!(e[0].parts[0].dtype, Dtype::F4);
+    assert_eq!(
+        e[0].params.get("nibble_order"),
+        Some(&Value::Text("low_first".into()))
+    );
+    // ComfyUI's cuBLAS scale layout needs [128, 4] scales: the declaration is checked.
+    let err = run(&nvfp4_arrays(true), "{}", Some("comfy.nvfp4")).unwrap_err();
+    assert!(
+        err.contains("x.weight_scale") || err.contains("scale"),
+        "{err}"
+    );
+    let err = run(&nvfp4_arrays(true), "{}", Some("nope")).unwrap_err();
+    assert!(err.contains("modelopt.nvfp4"), "{err}");
+}
+
+#[test]
+fn a_declared_module_missing_its_scales_is_refused_naming_the_array() {
+    let config = r#"{"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}"#;
+    let err = run(&nvfp4_arrays(false), config, None).unwrap_err();
+    assert!(err.contains("x.weight_scale is missing"), "{err}");
+    let items = run(&nvfp4_arrays(true), config, None).unwrap();
+    assert_eq!(encoded(&items)[0].convention, "modelopt.nvfp4");
+}
+
+fn comfy_quant(doc: &str) -> Vec<(&'static str, &'static str, Vec<u64>, Vec<u8>)> {
+    vec![
+        ("x.weight", "F8_E4M3", vec![4, 32], vec![0x38; 128]),
+        ("x.weight_scale", "F32", vec![], f32s(&[0.5])),
+        (
+            "x.comfy_quant",
+            "U8",
+            vec![doc.len() as u64],
+            doc.as_bytes().to_vec(),
+        ),
+        ("x.bias", "BF16", vec![4], vec![0; 8]),
+    ]
+}
+
+fn run_owned(
+    spec: &[(&'static str, &'static str, Vec<u64>, Vec<u8>)],
+) -> Result<Vec<Item>, String> {
+    let spec: Vec<(&str, &str, &[u64], Vec<u8>)> = spec
+        .iter()
+        .map(|(n, d, s, b)| (*n, *d, &s[..], b.clone()))
+        .collect();
+    run(&spec, "{}", None)
+}
+
+#[test]
+fn comfy_quant_markers_declare_each_module_and_unknown_ones_are_refused() {
+    let items = run_owned(&comfy_quant(r#"{"format": "float8_e4m3fn"}"#)).unwrap();
+    assert_eq!(items[1], Item::Marker(2));
+    assert_eq!(encoded(&items)[0].scheme, "fp8.tensorwise");
+
+    let err = run_owned(&comfy_quant(r#"{"format": "foo8"}"#)).unwrap_err();
+    assert!(
+        err.contains("x.comfy_quant") && err.contains("foo8"),
+        "{err}"
+    );
+
+    let err = run_owned(&comfy_quant(r#"{"format": "float8_e4m3fn", "swizzle": 1}"#)).unwrap_err();
+    assert!(err.contains("swizzle"), "{err}");
+
+    // A marker over a weight that is not stored as declared.
+    let mut spec = comfy_quant(r#"{"format": "nvfp4"}"#);
+    spec.remove(2);
+    spec.remove(1);
+    spec.push((
+        "x.comfy_quant",
+        "U8",
+        vec![18],
+        br#"{"format":"nvfp4"}"#.to_vec(),
+    ));
+    let err = run_owned(&spec).unwrap_err();
+    assert!(err.contains("x.weight is F8_E4M3"), "{err}");
+}
+
+/// A GPTQ module of `[8, 64]`, 4-bit, groups of 32, symmetric (v1 zeros of 7).
+fn gptq(g_idx: &[i32]) -> Vec<(&'static str, &'static str, Vec<u64>, Vec<u8>)> {
+    vec![
+        ("m.qweight", "I32", vec![8, 8], i32s(&[0x1234_5678; 64])),
+        ("m.qzeros", "I32", vec![2, 1], i32s(&[0x7777_7777; 2])),
+        ("m.scales", "F16", vec![2, 8], [0x00, 0x3c].repeat(16)),
+        ("m.g_idx", "I32", vec![64], i32s(g_idx)),
+        ("m.bias", "F16", vec![8], vec![0; 16]),
+    ]
+}
+
+#[test]
+fn gptq_reads_its_config_and_refuses_a_g_idx_that_disagrees() {
+    let config = r#"{"torch_dtype": "float16", "quantization_config": {"quant_method": "gptq",
+        "bits": 4, "group_size": 32, "desc_act": false, "sym": true}}"#;
+    let run_gptq = |g: &[i32]| {
+        let spec = gptq(g);
+        let spec: Vec<(&str, &str, &[u64], Vec<u8>)> = spec
+            .iter()
+            .map(|(n, d, s, b)| (*n, *d, &s[..], b.clone()))
+            .collect();
+        run(&spec, config, None)
+    };
+    let ordered: Vec<i32> = (0..64).map(|j| j / 32).collect();
+    let items = run_gptq(&ordered).unwrap();
+    let e = encoded(&items)[0];
+    assert_eq!(
+        (e.key.as_str(), e.scheme.as_str(), &e.shape[..], &e.dtype),
+        ("m.weight", "gptq.int4", &[8, 64][..], &Dtype::F16)
+    );
+    assert_eq!(e.params.get("zero_offset"), Some(&Value::Uint(1)));
+    assert_eq!(e.params.get("act_order"), Some(&Value::Bool(false)));
+
+    let permuted: Vec<i32> = (0..64).map(|j| j % 2).collect();
+    let err = run_gptq(&permuted).unwrap_err();
+    assert!(err.contains("m") && err.contains("g_idx"), "{err}");
+}
