@@ -34,6 +34,10 @@ use crate::format::{Config, Dtype, Value};
 /// The table, as the build carries it.
 const TABLE: &str = include_str!("../../fs-layout/conventions.json");
 
+/// The safetensors `__metadata__` key where ComfyUI lists its quantized layers
+/// (`{"format_version": "1.0", "layers": {module: <a .comfy_quant document>}}`).
+const COMFY_METADATA: &str = "_quantization_metadata";
+
 /// Parts up to this size are read from the source to check the encoding; larger ones (weights)
 /// are checked by dtype and length only.
 pub(crate) const CHECKED_PART_BYTES: u64 = 4 << 20;
@@ -257,6 +261,8 @@ pub(crate) struct Context<'a> {
     pub config: &'a Config,
     /// JSON files of the component folder by name (`hf_quant_config.json`).
     pub files: &'a BTreeMap<String, Json>,
+    /// The `__metadata__` of the component's first safetensors file.
+    pub metadata: &'a [(String, String)],
     /// A convention the user declared for every module (`--converter`).
     pub converter: Option<&'a str>,
 }
@@ -343,71 +349,99 @@ pub(crate) fn recognize(
     }
     let config_doc = quantization_config.clone();
 
-    // Per-module declarations: ComfyUI's `.comfy_quant`, bitsandbytes' quant_state.
-    let mut module_docs: HashMap<String, (Vec<&Convention>, Json, String)> = HashMap::new();
+    // Per-module declarations: ComfyUI's `.comfy_quant` arrays and `_quantization_metadata`
+    // layers, bitsandbytes' quant_state arrays. (module, document, where it is, ComfyUI's?)
+    let mut declarations: Vec<(String, Json, String, bool)> = Vec::new();
     for (i, a) in arrays.iter().enumerate() {
-        for convention in &table.conventions {
-            for d in &convention.declared_by {
-                let (module, with, format) = match d {
-                    Declaration::ComfyQuant { comfy_quant, with } => {
-                        match a.key.strip_suffix(".comfy_quant") {
-                            Some(m) => (m, with, Some(comfy_quant)),
-                            None => continue,
-                        }
-                    }
-                    Declaration::State { state, with } => match a.key.find(state.as_str()) {
-                        Some(at) if at > 0 => (&a.key[..at], with, None),
-                        _ => continue,
-                    },
-                    _ => continue,
-                };
-                markers.insert(i);
-                let doc = marker_doc(a, i, read)?;
-                if let Some(formats) = format {
-                    let Some(Json::Text(f)) = doc.get("format") else {
-                        return Err(format!("{}: has no \"format\" string", a.key));
-                    };
-                    if !formats.contains(f) {
-                        continue;
-                    }
+        if let Some(module) = a.key.strip_suffix(".comfy_quant") {
+            markers.insert(i);
+            declarations.push((module.to_owned(), marker_doc(a, i, read)?, a.key.clone(), true));
+            continue;
+        }
+        let states = table.conventions.iter().flat_map(|c| &c.declared_by);
+        for d in states {
+            if let Declaration::State { state, .. } = d {
+                if let Some(at) = a.key.find(state.as_str()).filter(|at| *at > 0) {
+                    markers.insert(i);
+                    let doc = marker_doc(a, i, read)?;
+                    declarations.push((a.key[..at].to_owned(), doc, a.key.clone(), false));
+                    break;
                 }
-                if !matches_all(&doc, with)? {
-                    continue;
-                }
-                let entry = module_docs
-                    .entry(module.to_owned())
-                    .or_insert_with(|| (Vec::new(), doc.clone(), a.key.clone()));
-                entry.0.push(convention);
             }
         }
     }
-    // A `.comfy_quant` whose format no convention takes.
-    for &i in &markers {
-        let key = &arrays[i].key;
-        if let Some(module) = key.strip_suffix(".comfy_quant") {
-            if !module_docs.contains_key(module) {
-                let doc = marker_doc(&arrays[i], i, read)?;
-                let format = doc.get("format").map(|f| format!("{}", JsonShow(f)));
-                let known: BTreeSet<&str> = table
-                    .conventions
-                    .iter()
-                    .flat_map(|c| &c.declared_by)
-                    .filter_map(|d| match d {
-                        Declaration::ComfyQuant { comfy_quant, .. } => Some(comfy_quant),
-                        _ => None,
-                    })
-                    .flatten()
-                    .map(String::as_str)
-                    .collect();
+    if let Some((_, text)) = cx.metadata.iter().find(|(k, _)| k == COMFY_METADATA) {
+        let origin = format!("__metadata__ {COMFY_METADATA}");
+        let doc = json::parse(text.as_bytes()).map_err(|e| format!("{origin}: {e}"))?;
+        match doc.get("format_version") {
+            Some(Json::Text(v)) if v == "1.0" => {}
+            other => {
                 return Err(format!(
-                    "{key}: ComfyUI quantization format {} is not one TensorFS knows ({}), so \
-                     {module}'s arrays cannot be decoded; pass --converter to declare another \
-                     convention",
-                    format.unwrap_or_else(|| "(missing)".into()),
-                    known.into_iter().collect::<Vec<_>>().join(", ")
-                ));
+                    "{origin}: format_version {} is not 1.0, the one TensorFS reads",
+                    other.map_or("(missing)".into(), |v| JsonShow(v).to_string())
+                ))
             }
         }
+        let Some(Json::Object(layers)) = doc.get("layers") else {
+            return Err(format!("{origin}: has no layers object"));
+        };
+        for (module, layer) in layers {
+            let origin = format!("{origin} layer {module:?}");
+            declarations.push((module.clone(), layer.clone(), origin, true));
+        }
+    }
+    let mut module_docs: HashMap<String, (Vec<&Convention>, Json, String)> = HashMap::new();
+    for (module, doc, origin, comfy) in &declarations {
+        if module_docs.contains_key(module) {
+            return Err(format!("{origin}: module {module} is declared twice"));
+        }
+        let format = match (comfy, doc.get("format")) {
+            (false, _) => None,
+            (true, Some(Json::Text(f))) => Some(f),
+            (true, _) => return Err(format!("{origin}: has no \"format\" string")),
+        };
+        let mut takes = Vec::new();
+        for convention in &table.conventions {
+            for d in &convention.declared_by {
+                let with = match (d, format) {
+                    (Declaration::ComfyQuant { comfy_quant, with }, Some(f))
+                        if comfy_quant.contains(f) =>
+                    {
+                        with
+                    }
+                    (Declaration::State { state, with }, None) if origin.contains(state.as_str()) => {
+                        with
+                    }
+                    _ => continue,
+                };
+                if matches_all(doc, with)? {
+                    takes.push(convention);
+                }
+            }
+        }
+        if takes.is_empty() {
+            let known: BTreeSet<&str> = table
+                .conventions
+                .iter()
+                .flat_map(|c| &c.declared_by)
+                .filter_map(|d| match d {
+                    Declaration::ComfyQuant { comfy_quant, .. } => Some(comfy_quant),
+                    _ => None,
+                })
+                .flatten()
+                .map(String::as_str)
+                .collect();
+            return Err(match format {
+                Some(f) => format!(
+                    "{origin}: ComfyUI quantization format {f:?} is not one TensorFS knows ({}), \
+                     so {module}'s arrays cannot be decoded; pass --converter to declare \
+                     another convention",
+                    known.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+                None => format!("{origin}: no convention reads this document: {}", JsonShow(doc)),
+            });
+        }
+        module_docs.insert(module.clone(), (takes, doc.clone(), origin.clone()));
     }
 
     // Modules: every array that is some convention's anchor.

@@ -480,10 +480,15 @@ fn recognize(
             files.insert(name.to_owned(), doc);
         }
     }
+    let metadata = model
+        .file_metadata
+        .get(&c.name)
+        .map_or(&[][..], Vec::as_slice);
     let cx = convention::Context {
         component: &c.name,
         config: &c.config,
         files: &files,
+        metadata,
         converter,
     };
     let weights = &c.weights;

@@ -40,6 +40,7 @@ fn run(
         component: "model",
         config: &config,
         files: &BTreeMap::new(),
+        metadata: &[],
         converter,
     };
     recognize(&cx, &tensors, &|i| Ok(bytes[i].clone()))
