@@ -12,6 +12,9 @@
 #    tools/e2e/diffusers_e2e.sh (tiny SD: default lane, fp16 lane, fp16 with fallback),
 #    tools/e2e/quantized_check.py (lanes written by `tensorfs quantize`: verified and decoded
 #    equally by `tfs`, loaded by Transformers from `<lane>@decoded`),
+#    tools/e2e/conventions_check.py (producer-quantized checkpoints of tests/data/conventions:
+#    lanes byte-exact, `<lane>@decoded` loaded by Transformers, equal to the producer's reading
+#    where bitsandbytes / compressed-tensors are installed),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
 #    exported by `tfs`).
 # Stops at the first failure, naming the step; a step past its time limit fails (the cargo
@@ -78,6 +81,9 @@ if [ $run_e2e = 1 ]; then
     step "quantized lanes (tensorfs quantize, decoded view, reference decode)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/quantized_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/quantized"
     passed+=("quantized")
+    step "producer conventions (quantized checkpoints imported, decoded views loaded)" \
+        timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/conventions_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/conventions"
+    passed+=("conventions")
     step "compat_check (reference tfs 0.17.2)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/compat_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/compat"
     passed+=("compat")

@@ -471,6 +471,12 @@ pub(crate) fn recognize(
                 converter,
             )? {
                 let index = encoded.len();
+                if let Some(other) = encoded.iter().find(|e| e.key == model.key) {
+                    return Err(format!(
+                        "{} would be built twice, by {} and by {}",
+                        model.key, other.convention, model.convention
+                    ));
+                }
                 for part in &model.parts {
                     if let PartSource::Array(i) = part.source {
                         if let Some(other) = claimed.insert(i, index) {
