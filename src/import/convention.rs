@@ -355,7 +355,12 @@ pub(crate) fn recognize(
     for (i, a) in arrays.iter().enumerate() {
         if let Some(module) = a.key.strip_suffix(".comfy_quant") {
             markers.insert(i);
-            declarations.push((module.to_owned(), marker_doc(a, i, read)?, a.key.clone(), true));
+            declarations.push((
+                module.to_owned(),
+                marker_doc(a, i, read)?,
+                a.key.clone(),
+                true,
+            ));
             continue;
         }
         let states = table.conventions.iter().flat_map(|c| &c.declared_by);
@@ -409,7 +414,9 @@ pub(crate) fn recognize(
                     {
                         with
                     }
-                    (Declaration::State { state, with }, None) if origin.contains(state.as_str()) => {
+                    (Declaration::State { state, with }, None)
+                        if origin.contains(state.as_str()) =>
+                    {
                         with
                     }
                     _ => continue,
@@ -438,7 +445,10 @@ pub(crate) fn recognize(
                      another convention",
                     known.into_iter().collect::<Vec<_>>().join(", ")
                 ),
-                None => format!("{origin}: no convention reads this document: {}", JsonShow(doc)),
+                None => format!(
+                    "{origin}: no convention reads this document: {}",
+                    JsonShow(doc)
+                ),
             });
         }
         module_docs.insert(module.clone(), (takes, doc.clone(), origin.clone()));
@@ -744,7 +754,7 @@ fn build(
         Some(ShapeRule::AnchorBits { anchor_bits }) => {
             let mut s = anchor.shape.clone();
             let last = s.last_mut().ok_or("the weight is a scalar")?;
-            let bits = *last * 8;
+            let bits = last.checked_mul(8).ok_or("shape overflows")?;
             if *anchor_bits == 0 || bits % anchor_bits != 0 {
                 return Err(format!(
                     "{} holds {} bytes per row, not whole {anchor_bits}-bit codes",

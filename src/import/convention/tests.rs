@@ -275,3 +275,100 @@ fn gptq_reads_its_config_and_refuses_a_g_idx_that_disagrees() {
     let err = run_gptq(&permuted).unwrap_err();
     assert!(err.contains("m") && err.contains("g_idx"), "{err}");
 }
+
+mod arbitrary {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Suffixes from the table and a few of no convention.
+    fn suffixes() -> Vec<String> {
+        let mut all: BTreeSet<String> = table()
+            .conventions
+            .iter()
+            .flat_map(|c| c.parts.iter().map(|p| p.suffix.clone()))
+            .collect();
+        all.extend(
+            [
+                ".bias",
+                ".comfy_quant",
+                ".weight.quant_state.bitsandbytes__nf4",
+            ]
+            .map(String::from),
+        );
+        all.extend(["scaled_fp8".to_owned()]);
+        all.into_iter().collect()
+    }
+
+    const DTYPES: [&str; 8] = [
+        "U8", "I8", "I32", "F32", "BF16", "F16", "F8_E4M3", "F8_E8M0",
+    ];
+    const DOCS: [&str; 6] = [
+        r#"{"format": "nvfp4"}"#,
+        r#"{"format": "float8_e4m3fn"}"#,
+        r#"{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 16}"#,
+        r#"{"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [4, 8]}"#,
+        r#"{"format": 7}"#,
+        "not json",
+    ];
+    const CONFIGS: [&str; 5] = [
+        "{}",
+        r#"{"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 8}}"#,
+        r#"{"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}"#,
+        r#"{"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"g": {"weights": {"num_bits": 4, "strategy": "group", "group_size": 8, "symmetric": true}}}}}"#,
+        r#"{"torch_dtype": "float16", "quantization_config": {"quant_method": "fp8", "weight_block_size": [2, 2]}}"#,
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Whatever the arrays, declarations and values, recognition answers without panicking,
+        /// and every array is accounted for exactly once.
+        #[test]
+        fn any_arrays_get_an_answer(
+            picks in proptest::collection::vec((0usize..2, 0usize..64, 0usize..8, proptest::collection::vec(1u64..9, 0..3), any::<u8>()), 1..10),
+            config in 0usize..CONFIGS.len(),
+            doc in 0usize..DOCS.len(),
+            converter in proptest::option::of(0usize..30),
+        ) {
+            let suffixes = suffixes();
+            let mut spec: Vec<(String, String, Vec<u64>, Vec<u8>)> = Vec::new();
+            for (module, suffix, dtype, shape, fill) in picks {
+                let suffix = &suffixes[suffix % suffixes.len()];
+                let name = if suffix.starts_with('.') { format!("m{module}{suffix}") } else { suffix.clone() };
+                if spec.iter().any(|(n, ..)| *n == name) {
+                    continue;
+                }
+                let (dtype, shape, bytes) = if suffix.ends_with("comfy_quant") || suffix.contains("quant_state") {
+                    let d = DOCS[doc].as_bytes().to_vec();
+                    ("U8", vec![d.len() as u64], d)
+                } else {
+                    let dtype = DTYPES[dtype];
+                    let n: u64 = shape.iter().product::<u64>() * Dtype::parse(dtype).unwrap().bits().unwrap() as u64 / 8;
+                    (dtype, shape, vec![fill; n as usize])
+                };
+                spec.push((name, dtype.to_owned(), shape, bytes));
+            }
+            let names = names();
+            let converter = converter.and_then(|i| names.get(i).copied());
+            let borrowed: Vec<(&str, &str, &[u64], Vec<u8>)> =
+                spec.iter().map(|(n, d, s, b)| (n.as_str(), d.as_str(), &s[..], b.clone())).collect();
+            if let Ok(items) = run(&borrowed, CONFIGS[config], converter) {
+                let mut seen = BTreeSet::new();
+                for item in &items {
+                    let arrays: Vec<usize> = match item {
+                        Item::Plain(i) | Item::Marker(i) => vec![*i],
+                        Item::Encoded(e) => e.parts.iter().filter_map(|p| match p.source {
+                            PartSource::Array(i) => Some(i),
+                            PartSource::Bytes(_) => None,
+                        }).collect(),
+                    };
+                    for i in arrays {
+                        prop_assert!(seen.insert(i), "array {} twice", i);
+                    }
+                }
+                prop_assert_eq!(seen.len(), spec.len());
+            }
+        }
+    }
+}
