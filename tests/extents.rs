@@ -1,5 +1,5 @@
-//! Locating tensors in the store (`tensorfs::extents`): extents across chunks, encoded
-//! tensors' parts, the decoded view, and errors.
+//! Locating tensors in the store (`tensorfs::extents`, `tensorfs locate REF FILE TENSOR`):
+//! extents across chunks, encoded tensors' parts, the decoded view, and errors.
 
 mod common;
 mod fuse_support;
@@ -291,4 +291,52 @@ fn an_encoded_tensor_has_each_parts_extents_and_the_decoded_view_refuses_it() {
     let bias =
         extents::locate(&store, &decoded, "model.safetensors", "layer.0.dense.bias").unwrap();
     check_against_file(&store, &decoded, &bias);
+
+    // The command line, from the store.
+    let reference = commit.clone();
+    let args = |tensor: &str, more: &[&'static str]| {
+        let mut args = vec![
+            "locate".to_owned(),
+            reference.clone(),
+            "model.safetensors".to_owned(),
+            tensor.to_owned(),
+        ];
+        args.extend(more.iter().map(|s| s.to_string()));
+        args
+    };
+    let run_ok = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&root, &args)
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&run_ok(args("layer.0.dense.weight", &["--json"]))).unwrap();
+    assert_eq!(json["key"], "layer.0.dense.weight");
+    assert_eq!(json["encoding"]["scheme"], "nvfp4");
+    assert_eq!(json["encoding"]["params"], params);
+    assert_eq!(json["parts"].as_array().unwrap().len(), 3);
+    let first = &json["parts"][0]["extents"][0];
+    assert_eq!(first["path"], w.extents[0].path.to_str().unwrap());
+    assert_eq!(first["offset"], w.extents[0].offset);
+    assert_eq!(first["file_offset"], w.extents[0].file_offset);
+    let text = run_ok(args("layer.0.dense.weight", &[]));
+    assert!(
+        text.starts_with("model.safetensors: layer.0.dense.weight F32 [32, 32] nvfp4 {"),
+        "{text}"
+    );
+    assert!(text.contains("part 2 scale_2 "), "{text}");
+    let failed = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&root, &args)
+    };
+    let err = failed(args("layer.0.dense.weight", &["--decode"]));
+    assert!(
+        err.contains("model.safetensors: tensor \"layer.0.dense.weight\" is decoded"),
+        "{err}"
+    );
+    assert!(err.contains("nvfp4@decoded"), "{err}");
+    let err = failed(args("nope", &[]));
+    assert!(
+        err.contains("model.safetensors: no tensor \"nope\""),
+        "{err}"
+    );
 }

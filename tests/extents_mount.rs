@@ -1,6 +1,7 @@
 //! The extents ioctl on a real mount (the tests run as root with /dev/fuse): raw queries by the
 //! documented layout, paging through a tensor of 201 extents, every extent's blob bytes against
-//! the mount's, errnos, and a C client built against `packaging/tensorfs_extents.h`.
+//! the mount's, errnos, `tensorfs locate PATH TENSOR`, and a C client built against
+//! `packaging/tensorfs_extents.h`.
 
 mod fuse_support;
 
@@ -254,6 +255,35 @@ fn the_ioctl_pages_extents_whose_blob_bytes_are_the_files() {
     assert_eq!(
         err.to_string(),
         "config.json: tensor \"big.weight\": not a safetensors file of a lane"
+    );
+
+    // The command line, through the mount.
+    let out = Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+        .args(["locate", path.to_str().unwrap(), "big.weight", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["shape"], serde_json::json!([401, 512]));
+    let listed = json["parts"][0]["extents"].as_array().unwrap();
+    assert_eq!(listed.len(), BIG_CHUNKS);
+    assert_eq!(listed[200]["file_offset"], extents[200].3);
+    let out = Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+        .args(["locate", path.to_str().unwrap(), "nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: tensor \"nope\": no such tensor",
+            path.display()
+        )),
+        "{stderr}"
     );
 
     c_client(&path, &from_store);

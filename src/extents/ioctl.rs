@@ -19,7 +19,7 @@
 //! bits.
 //!
 //! [`Query::parse`] and [`Query::answer`] are the daemon's side (the mount's `fs` layer calls
-//! them); [`query`] is the client's.
+//! them); [`query`] is the client's, used by `tensorfs locate`.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -388,7 +388,7 @@ fn meaning(errno: i32) -> String {
             .into(),
         libc::EPROTO => format!("the daemon does not speak extents ABI version {ABI_VERSION}"),
         libc::EOVERFLOW => "the answer does not fit the ioctl's fields (rank over 8 or a long \
-                            name); the library reading the store has no such limits"
+                            name); use `tensorfs locate REF FILE TENSOR` on the store"
             .into(),
         e => std::io::Error::from_raw_os_error(e).to_string(),
     }
