@@ -3,6 +3,7 @@
 mod export;
 mod import;
 mod inspect;
+mod locate;
 mod mount;
 mod quantize;
 mod target;
@@ -40,6 +41,8 @@ pub enum Command {
     Export(export::Args),
     /// Write a new lane with REF's weights encoded by a scheme (int8.rowwise, fp8.rowwise, mxfp8, nvfp4).
     Quantize(quantize::Args),
+    /// Where a tensor's bytes lie in the store: locate PATH TENSOR (a mounted file) or locate REF FILE TENSOR.
+    Locate(locate::Args),
     /// Re-hash objects: every blob, or the closure of REF; --repair removes damaged ones.
     Verify(verify::Args),
     /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default).
@@ -118,6 +121,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&cli, args),
         Command::Export(args) => export::run(&cli, args),
         Command::Quantize(args) => quantize::run(&cli, args),
+        Command::Locate(args) => locate::run(&cli, args),
         Command::Verify(args) => verify::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),

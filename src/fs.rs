@@ -44,6 +44,7 @@ use std::time::{Duration, SystemTime};
 pub use catalog::{Capacity, Catalog, CommitLane, LaneContents, RepoEntry, StoreCatalog};
 pub use ops::TensorFs;
 
+use crate::extents::ioctl::IoctlError;
 use crate::layout::LayoutError;
 use crate::store::StoreError;
 
@@ -175,9 +176,13 @@ pub enum FsError {
         /// Bytes offered.
         capacity: usize,
     },
-    /// An ioctl command; none is supported.
+    /// An ioctl command that is not one of the extents commands (Python's `open` sends
+    /// `TCGETS` to every file).
     #[error("ioctl {0:#x} is not supported")]
     NoIoctl(u32),
+    /// An extents query refused (`docs/extents.md`); its errno is [`IoctlError::errno`].
+    #[error(transparent)]
+    Extents(#[from] IoctlError),
     /// An operation the mount does not implement; the kernel then falls back to its own
     /// (`lseek` with `SEEK_DATA`, `poll`).
     #[error("{0} is not implemented")]
@@ -200,6 +205,7 @@ impl FsError {
             FsError::NoAttribute(_) => libc::ENODATA,
             FsError::Range { .. } => libc::ERANGE,
             FsError::NoIoctl(_) => libc::ENOTTY,
+            FsError::Extents(e) => e.errno(),
             FsError::Unsupported(_) => libc::ENOSYS,
         }
     }

@@ -314,15 +314,15 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
+        in_data: &[u8],
+        out_size: u32,
         reply: ReplyIoctl,
     ) {
-        match self.fs.ioctl(cmd) {
-            Ok(()) => reply.ioctl(0, &[]),
+        match self.fs.ioctl(fh.0, cmd, in_data, out_size) {
+            Ok(out) => reply.ioctl(0, &out),
             Err(err) => fail(reply, "ioctl", err),
         }
     }

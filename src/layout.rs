@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 
+pub(crate) use canonical::part_name;
 pub use plan::{SafetensorsPlan, Segment};
 
 use crate::format::{Header, ObjectRef, Tree};

@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod decode;
 pub mod encode;
+pub mod extents;
 pub mod format;
 pub mod fs;
 pub mod fuse;

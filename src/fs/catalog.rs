@@ -88,6 +88,12 @@ pub trait Catalog: Send + Sync {
     fn capacity(&self) -> Option<Capacity> {
         None
     }
+
+    /// The store's root folder, under which blobs lie (`blobs/<aa>/<bb>/<sha256>`); `None`
+    /// when the catalog has no folder.
+    fn store_root(&self) -> Option<&Path> {
+        None
+    }
 }
 
 /// The [`Catalog`] of a store on disk.
@@ -151,6 +157,10 @@ impl Catalog for StoreCatalog {
             view,
             mtime: self.blob_mtime(&lane.commit),
         })
+    }
+
+    fn store_root(&self) -> Option<&Path> {
+        Some(self.store.root())
     }
 
     fn capacity(&self) -> Option<Capacity> {

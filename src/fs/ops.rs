@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::catalog::{Catalog, CommitLane, StoreCatalog};
@@ -16,9 +16,11 @@ use super::inodes::{Inode, InodeTable, Node};
 use super::lanes::{self, ChildKind, Lane, LaneCache};
 use super::namespace::Snapshot;
 use super::{
-    Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, Opened, XattrReply,
+    Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, LaneRef, Opened, XattrReply,
 };
-use crate::format::{ObjectRef, Sha256};
+use crate::extents::ioctl::{Command, IoctlError, Query};
+use crate::extents::{FileTensors, LocateError};
+use crate::format::Sha256;
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{attrs, Content, LaneView, ObjectSource};
 use crate::revisions;
@@ -32,9 +34,11 @@ pub(super) struct RefreshState {
 
 #[derive(Debug)]
 struct OpenFile {
-    commit: ObjectRef,
+    lane: LaneRef,
     path: String,
     content: Content,
+    /// The file's tensors indexed on the first extents query (files never change).
+    tensors: OnceLock<Result<Arc<FileTensors>, LocateError>>,
 }
 
 #[derive(Debug, Clone)]
@@ -246,7 +250,7 @@ impl TensorFs {
         let Node::File { lane, path, .. } = &inode.node else {
             return Err(FsError::IsADirectory(ino));
         };
-        let commit = &lane.commit;
+        let lane_ref = *lane;
         let lane = self.lane(lane)?;
         let file = lane
             .contents
@@ -257,9 +261,10 @@ impl TensorFs {
                 name: path.clone(),
             })?;
         let open = OpenFile {
-            commit: *commit,
+            lane: lane_ref,
             path: path.clone(),
             content: file.content.clone(),
+            tensors: OnceLock::new(),
         };
         Ok(Opened {
             fh: self.add_handle(Handle::File(Arc::new(open))),
@@ -281,11 +286,11 @@ impl TensorFs {
             .read_at(self.objects.as_ref(), offset, buf)
             .map_err(|source| {
                 let err = FsError::Read {
-                    commit: file.commit.id(),
+                    commit: file.lane.commit.id(),
                     path: file.path.clone(),
                     source,
                 };
-                self.report(format!("{} {}", file.commit.id(), file.path), &err);
+                self.report(format!("{} {}", file.lane.commit.id(), file.path), &err);
                 err
             })
     }
@@ -346,13 +351,44 @@ impl TensorFs {
         Ok(Some(f(view, item)))
     }
 
-    /// An ioctl on an open file; none is supported (Python's `open` sends `TCGETS` to learn
-    /// the file is not a terminal).
+    /// An ioctl on open handle `fh`: the extents commands of [`crate::extents::ioctl`] on a
+    /// safetensors file of a lane; `input` is the struct the caller passed and `out_size` the
+    /// bytes it takes back. Returns the struct to hand back.
     ///
     /// # Errors
-    /// Always `ENOTTY`.
-    pub fn ioctl(&self, cmd: u32) -> FsResult<()> {
-        Err(FsError::NoIoctl(cmd))
+    /// `ENOTTY` for any other command (Python's `open` sends `TCGETS` to learn the file is not
+    /// a terminal); the errnos of [`IoctlError::errno`] for a refused query; `EIO` when the
+    /// commit cannot be read.
+    pub fn ioctl(&self, fh: u64, cmd: u32, input: &[u8], out_size: u32) -> FsResult<Vec<u8>> {
+        let Some(command) = Command::of(cmd) else {
+            return Err(FsError::NoIoctl(cmd));
+        };
+        let query = Query::parse(command, input, out_size)?;
+        let Some(Handle::File(file)) = self.handle(fh) else {
+            let file = format!("handle {fh}");
+            return Err(IoctlError::from(LocateError::NotSafetensors { file }).into());
+        };
+        let tensors = match file.tensors.get() {
+            Some(tensors) => tensors,
+            None => {
+                let lane = self.lane(&file.lane)?;
+                let view = &lane.contents.view;
+                file.tensors
+                    .get_or_init(|| FileTensors::new(view, &file.path).map(Arc::new))
+            }
+        };
+        let tensors = tensors.as_ref().map_err(|e| IoctlError::from(e.clone()))?;
+        let root = self
+            .catalog
+            .store_root()
+            .unwrap_or(std::path::Path::new(""));
+        let located = tensors
+            .locate(root, &query.name)
+            .map_err(IoctlError::from)?;
+        let root = root.to_str().ok_or_else(|| {
+            IoctlError::Overflow(format!("the store root {} is not UTF-8", root.display()))
+        })?;
+        Ok(query.answer(&located, root)?)
     }
 
     /// Checks access `mask` (`R_OK`, `W_OK`, `X_OK` bits) to `ino`.

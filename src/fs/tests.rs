@@ -614,7 +614,24 @@ fn writes_ioctls_and_misuse_get_their_errnos() {
     assert_eq!(f.fs.open(lane, false).unwrap_err().errno(), libc::EISDIR);
     assert_eq!(f.fs.lookup(file, "x").unwrap_err().errno(), libc::ENOTDIR);
     assert_eq!(f.fs.opendir(file).unwrap_err().errno(), libc::ENOTDIR);
-    assert_eq!(f.fs.ioctl(0x5401).unwrap_err().errno(), libc::ENOTTY);
+    let fh = f.fs.open(file, false).unwrap().fh;
+    assert_eq!(
+        f.fs.ioctl(fh, 0x5401, &[], 60).unwrap_err().errno(),
+        libc::ENOTTY
+    );
+    // An extents query on a file that is not a safetensors file, on a folder, malformed.
+    use crate::extents::ioctl::{TENSOR, TENSOR_BYTES};
+    let mut query = vec![0u8; TENSOR_BYTES];
+    query[..4].copy_from_slice(&1u32.to_le_bytes());
+    query[16] = b'x';
+    let size = TENSOR_BYTES as u32;
+    let errno = |fh, query: &[u8], size| f.fs.ioctl(fh, TENSOR, query, size).unwrap_err().errno();
+    assert_eq!(errno(fh, &query, size), libc::EOPNOTSUPP);
+    let dir = f.fs.opendir(lane).unwrap();
+    assert_eq!(errno(dir, &query, size), libc::EOPNOTSUPP);
+    assert_eq!(errno(fh, &query[1..], size), libc::EINVAL);
+    query[0] = 9;
+    assert_eq!(errno(fh, &query, size), libc::EPROTO);
     assert_eq!(f.fs.getattr(999_999).unwrap_err().errno(), libc::ENOENT);
     assert_eq!(
         f.fs.lookup(lane, "missing").unwrap_err().errno(),

@@ -116,8 +116,9 @@ pub(super) fn lay_out(
     Ok(())
 }
 
-/// The safetensors name of part `role` of tensor `key`.
-fn part_name(key: &str, role: &str) -> String {
+/// The safetensors name of part `role` of tensor `key` in a lane's weights file: `key` for
+/// the `weight` part, `<base>.input_scale` for `input_scale`, else `<key>_<role>`.
+pub(crate) fn part_name(key: &str, role: &str) -> String {
     match role {
         "weight" => key.to_owned(),
         "input_scale" => match key.strip_suffix(".weight") {

@@ -185,6 +185,12 @@ impl SafetensorsPlan {
         &self.chunks
     }
 
+    /// Whether the file decodes tensors when read (a weights file of a decoded view whose
+    /// component has encoded tensors): those tensors' bytes are in no chunk.
+    pub fn decodes(&self) -> bool {
+        self.decoding.is_some()
+    }
+
     /// Fills `buf` (which lies within the file) from `offset`.
     pub(crate) fn read_at(
         &self,
