@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use crate::format::json as fjson;
 use crate::format::{safetensors, Body, Dtype, Header, Location, ObjectRef, Value};
+use crate::layout::recipe::{ArraySource, SourceFile, SourceFiles};
 use crate::layout::{part_name, Content, LaneView, Owner};
 use crate::store::Store;
 
@@ -189,6 +190,9 @@ pub struct FileTensors {
     /// Each name a query may use → the tensor's index in the component: the keys of the
     /// tensors the file holds, and the entry names of encoded tensors' parts.
     names: HashMap<String, usize>,
+    /// The entry of each part `(tensor key, role)` where it is not [`part_name`]'s: a
+    /// producer's own array name (`x.qweight`), as the import recorded it.
+    producer_names: HashMap<(String, String), String>,
 }
 
 impl FileTensors {
@@ -232,6 +236,19 @@ impl FileTensors {
             .get(*index)
             .ok_or_else(|| invalid(format!("no component {index} in the header")))?;
         let decodes = plan.decodes();
+        // A file an import re-creates names parts as their producer did (recipe `arrays`).
+        let mut producer_names = HashMap::new();
+        if !decodes {
+            if let Ok(Some(recipe)) = SourceFiles::of(&view.header) {
+                if let Some(SourceFile::Safetensors { arrays, .. }) = recipe.0.get(file) {
+                    for (name, source) in arrays {
+                        if let ArraySource::Part { tensor, role } = source {
+                            producer_names.insert((tensor.clone(), role.clone()), name.clone());
+                        }
+                    }
+                }
+            }
+        }
         let mut names = HashMap::new();
         for &i in tensors {
             let i = i as usize;
@@ -242,7 +259,11 @@ impl FileTensors {
             names.insert(t.key.clone(), i);
             if let (Body::Encoded { parts, .. }, false) = (&t.body, decodes) {
                 for p in parts {
-                    names.entry(part_name(&t.key, &p.role)).or_insert(i);
+                    let name = producer_names
+                        .get(&(t.key.clone(), p.role.clone()))
+                        .cloned()
+                        .unwrap_or_else(|| part_name(&t.key, &p.role));
+                    names.entry(name).or_insert(i);
                 }
             }
         }
@@ -253,6 +274,7 @@ impl FileTensors {
             decodes,
             entries,
             names,
+            producer_names,
         })
     }
 
@@ -311,7 +333,11 @@ impl FileTensors {
                 let parts = parts
                     .iter()
                     .map(|p| {
-                        let name = part_name(&t.key, &p.role);
+                        let name = self
+                            .producer_names
+                            .get(&(t.key.clone(), p.role.clone()))
+                            .cloned()
+                            .unwrap_or_else(|| part_name(&t.key, &p.role));
                         (p.role.as_str(), &p.dtype, &p.shape, p.location, name)
                     })
                     .collect();

@@ -340,3 +340,32 @@ fn an_encoded_tensor_has_each_parts_extents_and_the_decoded_view_refuses_it() {
         "{err}"
     );
 }
+
+/// A producer's companion arrays (GPTQ's `qweight`, `qzeros`, `scales`, `g_idx`) are located by
+/// their own names in the re-created file, and each part's extents hold the file's bytes.
+#[test]
+fn a_producer_convention_tensor_is_located_by_its_producer_array_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/conventions/gptq_int4/model");
+    let root = dir.path().join("store");
+    ok(
+        &root,
+        &["import", src.to_str().unwrap(), "--name", "local/g"],
+    );
+    let store = Store::open(&root).unwrap();
+    let commit = store.repo("local/g").unwrap().unwrap().commits[0];
+    let view = lane_view(&store, &commit);
+    let file = FileTensors::new(&view, "model.safetensors").unwrap();
+    let module = "model.layers.0.self_attn.q_proj";
+    let by_key = file
+        .locate(store.root(), &format!("{module}.weight"))
+        .unwrap();
+    let by_array = file
+        .locate(store.root(), &format!("{module}.g_idx"))
+        .unwrap();
+    assert_eq!(by_key.key, by_array.key);
+    let roles: Vec<&str> = by_key.parts.iter().map(|p| p.role.as_str()).collect();
+    assert_eq!(roles, ["qweight", "qzeros", "scales", "g_idx"]);
+    check_against_file(&store, &view, &by_key);
+}
