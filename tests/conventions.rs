@@ -125,10 +125,9 @@ fn check(case: &Path) -> Vec<String> {
             e.params.iter().map(|(k, v)| (k.clone(), v.clone())),
         )))
         .unwrap();
-        let want_params = tjson::canonical(
-            &tjson::parse(want["params"].to_string().as_bytes()).unwrap(),
-        )
-        .unwrap();
+        let want_params =
+            tjson::canonical(&tjson::parse(want["params"].to_string().as_bytes()).unwrap())
+                .unwrap();
         if params != want_params {
             wrong.push(format!("{key}: params {params} not {want_params}"));
         }
@@ -146,11 +145,10 @@ fn check(case: &Path) -> Vec<String> {
             .keys()
             .map(String::as_str)
             .chain(
-                want.get("constant_parts")
-                    .and_then(J::as_array)
+                want.get("synth_parts")
+                    .and_then(J::as_object)
                     .into_iter()
-                    .flatten()
-                    .filter_map(J::as_str),
+                    .flat_map(|m| m.keys().map(String::as_str)),
             )
             .collect();
         if roles != want_roles {
@@ -166,6 +164,32 @@ fn check(case: &Path) -> Vec<String> {
                 Some(p) if p.dtype.name() == dtype.as_str().unwrap() => {}
                 Some(p) => wrong.push(format!("{key}: part {role} is {} not {dtype}", p.dtype)),
                 None => {}
+            }
+        }
+    }
+    for (key, want) in expect["tensors"].as_object().unwrap() {
+        let Some(Body::Encoded { parts, .. }) = by_key.get(key.as_str()).map(|t| &t.body) else {
+            continue;
+        };
+        let shapes = want
+            .get("part_shapes")
+            .and_then(J::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(role, shape)| (role.clone(), shape.clone()))
+            .chain(
+                want.get("synth_parts")
+                    .and_then(J::as_object)
+                    .into_iter()
+                    .flatten()
+                    .map(|(role, synth)| (role.clone(), synth["shape"].clone())),
+            );
+        for (role, shape) in shapes {
+            let shape: Vec<u64> = serde_json::from_value(shape).unwrap();
+            if let Some(p) = parts.iter().find(|p| p.role == role) {
+                if p.shape != shape {
+                    wrong.push(format!("{key}: part {role} is {:?} not {shape:?}", p.shape));
+                }
             }
         }
     }
@@ -195,7 +219,10 @@ fn check(case: &Path) -> Vec<String> {
 
     // The decoded view decodes as the reference does.
     let dec = dir.path().join("decoded");
-    ok(&store_root, &["export", name, dec.to_str().unwrap(), "--decode"]);
+    ok(
+        &store_root,
+        &["export", name, dec.to_str().unwrap(), "--decode"],
+    );
     let dense = decoded(&dec);
     for (key, want) in expect["tensors"].as_object().unwrap() {
         let dtype = want["dtype"].as_str().unwrap();
@@ -208,7 +235,9 @@ fn check(case: &Path) -> Vec<String> {
         };
         match dense.get(key) {
             Some((_, bytes)) if hex::encode(Sha256::digest(bytes)) == sha => {}
-            Some((d, _)) => wrong.push(format!("{key}: decoded {d} bytes differ from the reference's")),
+            Some((d, _)) => wrong.push(format!(
+                "{key}: decoded {d} bytes differ from the reference's"
+            )),
             None => wrong.push(format!("{key}: not in the decoded view")),
         }
     }
@@ -227,7 +256,10 @@ fn producer_checkpoints_import_as_their_conventions_say() {
     let mut failures = Vec::new();
     for case in &cases {
         for why in check(case) {
-            failures.push(format!("{}: {why}", case.file_name().unwrap().to_string_lossy()));
+            failures.push(format!(
+                "{}: {why}",
+                case.file_name().unwrap().to_string_lossy()
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -901,7 +901,7 @@ fn build(
         models.push(PartModel {
             role: k.role.clone(),
             dtype,
-            shape: vec![1],
+            shape: Vec::new(),
             source: PartSource::Bytes(bytes),
         });
     }
