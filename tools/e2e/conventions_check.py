@@ -3,11 +3,12 @@
 
     conventions_check.py --tensorfs BIN --work DIR [--cases DIR]
 
-For every Transformers folder among the producer-made cases (tests/data/conventions: bitsandbytes,
-GPTQ, AWQ, compressed-tensors, FP8 block scales, ModelOpt):
-1. `tensorfs import` reads its quantized arrays by the producer's convention, and the mounted
-   lane folder holds the source files byte for byte.
-2. Transformers loads `<lane>@decoded` unmodified (no quantization library involved) and its
+For every producer-made case that imports (tests/data/conventions: ComfyUI files, and Transformers
+folders of bitsandbytes, GPTQ, AWQ, compressed-tensors, FP8 block scales, ModelOpt):
+1. `tensorfs import` reads its quantized arrays by the producer's convention, the reference's
+   `tfs verify` accepts the commit, and the mounted lane folder holds the source files byte for
+   byte.
+2. For Transformers folders, Transformers loads `<lane>@decoded` unmodified (no quantization library involved) and its
    logits are finite.
 3. Where the producer's own library loads the source folder on this machine (bitsandbytes and
    compressed-tensors on CPU), the decoded view's logits match the producer's within cosine
@@ -65,6 +66,7 @@ def main():
     ap.add_argument("--tensorfs", required=True, type=Path)
     ap.add_argument("--work", required=True, type=Path)
     ap.add_argument("--cases", type=Path, default=ROOT / "tests" / "data" / "conventions")
+    ap.add_argument("--tfs", type=Path)
     args = ap.parse_args()
     common.exit_on_signals()
     common.quiet()
@@ -76,22 +78,30 @@ def main():
     work.mkdir(parents=True)
     store, mnt = work / "store", work / "mnt"
     tensorfs = [str(args.tensorfs), "--store", str(store)]
+    tfs = args.tfs or (Path(sys.executable).parent / "tfs")
 
     cases = {}
     for expect_path in sorted(args.cases.glob("*/expect.json")):
         expect = json.loads(expect_path.read_text())
         source = expect_path.parent / expect["source"]
-        if expect.get("refuse") or not (source / "config.json").is_file():
+        if expect.get("refuse"):
             continue
         name = expect_path.parent.name.replace("_", "-")
         cmd = tensorfs + ["import", str(source), "--name", f"local/{name}", "--json"]
+        if expect.get("converter"):
+            cmd += ["--converter", expect["converter"]]
         p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             report.check(False, f"{name}: tensorfs import", p.stderr.strip()[-300:])
             continue
         lane = json.loads(p.stdout)["lanes"][0]["lane"]
         report.check(True, f"{name}: tensorfs import", f"lane {lane}")
-        method = json.loads((source / "config.json").read_text())["quantization_config"]["quant_method"]
+        v = subprocess.run([str(tfs), "--store", str(store), "verify", f"local/{name}"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        report.check(v.returncode == 0, f"{name}: tfs verify", (v.stdout + v.stderr).strip()[-200:])
+        method = None
+        if (source / "config.json").is_file():
+            method = json.loads((source / "config.json").read_text())["quantization_config"]["quant_method"]
         cases[name] = (source, lane, method)
 
     import torch
@@ -100,7 +110,10 @@ def main():
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
         for name, (source, lane, method) in cases.items():
             folder = mnt / "local" / name / "latest" / lane
-            report.files(common.compare_files(common.source_files(source), folder), f"{name}: lane files")
+            expected = common.source_files(source) if source.is_dir() else {source.name: source}
+            report.files(common.compare_files(expected, folder), f"{name}: lane files")
+            if method is None:
+                continue
             decoded = folder.parent / f"{lane}@decoded"
             try:
                 ours = logits(decoded, dtype=torch.float32)
