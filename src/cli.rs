@@ -115,6 +115,10 @@ pub fn main() -> ExitCode {
         Command::Mount(_) => "info",
         _ => "warn",
     });
+    if let Err(why) = crate::io::Backend::from_env() {
+        eprintln!("tensorfs: {why}");
+        return ExitCode::FAILURE;
+    }
     let result = match &cli.command {
         Command::Import(args) => import::run(&cli, args),
         Command::Ls(args) => inspect::ls(&cli, args),

@@ -9,33 +9,40 @@
 //! error naming the blob and the repair, which the caller logs or prints; it is not hashed again
 //! until it changes. Open descriptors stay in an LRU.
 //!
-//! Reads are positioned (`pread`), so any number of threads read one descriptor at once.
+//! Bytes are read by a chunk I/O [`backend`] (positioned reads, mmap or io_uring, chosen by
+//! cache state and size unless `TENSORFS_IO` names one), any number of threads at once.
+
+pub mod backend;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::num::NonZeroUsize;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
 use crate::format::{Hasher, ObjectRef, Sha256};
-use crate::layout::ObjectSource;
+use crate::layout::{ObjectRead, ObjectSource};
 use crate::store::verified::{Ledger, Stamp};
 use crate::store::{Store, StoreError};
+pub use backend::{Backend, Blob};
 
-/// Settings of a [`BlobReader`].
+/// Settings of a [`BlobReader`]. The default backend is the one `TENSORFS_IO` names, else
+/// [`Backend::Auto`].
 #[derive(Clone, Debug)]
 pub struct BlobReaderConfig {
     /// Most blob descriptors kept open at once (default 1024).
     pub max_open_files: usize,
+    /// How bytes are read (default [`Backend::Auto`]).
+    pub backend: Backend,
 }
 
 impl Default for BlobReaderConfig {
     fn default() -> Self {
         BlobReaderConfig {
             max_open_files: 1024,
+            backend: Backend::from_env().unwrap_or_default(),
         }
     }
 }
@@ -43,7 +50,7 @@ impl Default for BlobReaderConfig {
 /// An open blob and the stamp its inode had when its bytes were proven.
 #[derive(Debug)]
 struct Open {
-    file: File,
+    blob: Blob,
     stamp: Stamp,
 }
 
@@ -51,6 +58,7 @@ struct Open {
 #[derive(Debug)]
 pub struct BlobReader {
     store: Store,
+    backend: Backend,
     ledger: Ledger,
     open: Mutex<LruCache<Sha256, Arc<Open>>>,
     /// One lock per object being opened, so concurrent first reads hash a blob once.
@@ -64,6 +72,7 @@ impl BlobReader {
     pub fn new(store: Store, config: BlobReaderConfig) -> BlobReader {
         let capacity = NonZeroUsize::new(config.max_open_files.max(1)).expect("at least one");
         BlobReader {
+            backend: config.backend,
             ledger: Ledger::load(&store),
             store,
             open: Mutex::new(LruCache::new(capacity)),
@@ -117,7 +126,10 @@ impl BlobReader {
                 tracing::debug!("could not note verified blob {}: {e}", path.display());
             }
         }
-        Ok(Open { file, stamp })
+        Ok(Open {
+            blob: Blob::new(file, path, object.length),
+            stamp,
+        })
     }
 }
 
@@ -142,32 +154,63 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ObjectSource for BlobReader {
     fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let end = offset.checked_add(buf.len() as u64);
-        if end.is_none_or(|end| end > object.length) {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "read of {} bytes at {offset} is past the end of {object}",
-                    buf.len()
-                ),
-            ));
+        self.read_objects(&mut [ObjectRead {
+            object,
+            offset,
+            buf,
+        }])
+    }
+
+    fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
+        for r in reads.iter() {
+            let end = r.offset.checked_add(r.buf.len() as u64);
+            if end.is_none_or(|end| end > r.object.length) {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "read of {} bytes at {} is past the end of {}",
+                        r.buf.len(),
+                        r.offset,
+                        r.object
+                    ),
+                ));
+            }
         }
         // A blob changed after its proof (rewritten in place, or unlinked by a repair) moves its
         // inode's ctime before any new byte lands, so a stamp still equal after the read proves
-        // the bytes read are the proven ones. Otherwise it is opened and proven again.
+        // the bytes read are the proven ones. Otherwise it is opened and proven again, and the
+        // batch read again.
         for _ in 0..2 {
-            let open = self.get(object)?;
-            open.file.read_exact_at(buf, offset)?;
-            if Stamp::of(&open.file.metadata()?) == open.stamp {
+            let opens: Vec<Arc<Open>> = reads
+                .iter()
+                .map(|r| self.get(r.object))
+                .collect::<io::Result<_>>()?;
+            let mut requests: Vec<backend::Request<'_>> = reads
+                .iter_mut()
+                .zip(&opens)
+                .map(|(r, open)| backend::Request {
+                    blob: &open.blob,
+                    offset: r.offset,
+                    buf: &mut *r.buf,
+                })
+                .collect();
+            backend::read(self.backend, &mut requests)?;
+            let mut changed = false;
+            for (r, open) in reads.iter().zip(&opens) {
+                if Stamp::of(&open.blob.file().metadata()?) != open.stamp {
+                    lock(&self.open).pop(&r.object.sha256);
+                    changed = true;
+                }
+            }
+            if !changed {
                 return Ok(());
             }
-            lock(&self.open).pop(&object.sha256);
         }
         Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "{}: the blob keeps changing while it is read",
-                self.store.object_path(object).display()
+                "{}: a blob keeps changing while it is read",
+                self.store.root().display()
             ),
         ))
     }

@@ -72,6 +72,28 @@ pub trait ObjectSource: Send + Sync {
     /// # Errors
     /// The object is absent, damaged (`InvalidData`) or shorter than `offset + buf.len()`.
     fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// Fills every read's buffer, as [`ObjectSource::read_object`] would one by one; a source
+    /// may batch them (one io_uring submission for a whole FUSE request).
+    ///
+    /// # Errors
+    /// As [`ObjectSource::read_object`], for the first read that fails.
+    fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
+        reads
+            .iter_mut()
+            .try_for_each(|r| self.read_object(r.object, r.offset, r.buf))
+    }
+}
+
+/// One range of an object to read.
+#[derive(Debug)]
+pub struct ObjectRead<'a> {
+    /// The object.
+    pub object: &'a ObjectRef,
+    /// Offset in the object.
+    pub offset: u64,
+    /// Where the bytes go; filled whole.
+    pub buf: &'a mut [u8],
 }
 
 /// Where a file's bytes come from.

@@ -211,22 +211,25 @@ impl SafetensorsPlan {
         let mut i = self
             .segments
             .partition_point(|s| s.file_offset + s.length <= at);
+        // Chunk ranges are read together at the end, in one batch.
+        let mut reads: Vec<super::ObjectRead<'_>> = Vec::new();
         while !out.is_empty() {
             let s = self.segments.get(i).ok_or_else(|| {
                 io::Error::new(io::ErrorKind::UnexpectedEof, "read past the last segment")
             })?;
             let within = at - s.file_offset;
             let n = out.len().min((s.length - within) as usize);
+            let (here, rest) = std::mem::take(&mut out).split_at_mut(n);
             match s.source {
                 Source::Inline { offset } => {
                     let from = (offset + within) as usize;
-                    out[..n].copy_from_slice(&self.inline[from..from + n]);
+                    here.copy_from_slice(&self.inline[from..from + n]);
                 }
-                Source::Chunk { chunk, offset } => source.read_object(
-                    &self.chunks[chunk as usize],
-                    offset + within,
-                    &mut out[..n],
-                )?,
+                Source::Chunk { chunk, offset } => reads.push(super::ObjectRead {
+                    object: &self.chunks[chunk as usize],
+                    offset: offset + within,
+                    buf: here,
+                }),
                 Source::Decoded {
                     component,
                     tensor,
@@ -237,19 +240,15 @@ impl SafetensorsPlan {
                         .as_ref()
                         .expect("decoded segments carry their header");
                     let at = (component as usize, tensor as usize);
-                    super::decoded::read(
-                        source,
-                        header,
-                        header_ref,
-                        at,
-                        offset + within,
-                        &mut out[..n],
-                    )?
+                    super::decoded::read(source, header, header_ref, at, offset + within, here)?
                 }
             }
-            out = &mut out[n..];
+            out = rest;
             at += n as u64;
             i += 1;
+        }
+        if !reads.is_empty() {
+            source.read_objects(&mut reads)?;
         }
         Ok(())
     }

@@ -1,0 +1,155 @@
+//! Chunk I/O backends side by side: `cargo run --release --example io_bench [-- GIB [DIR]]`.
+//!
+//! Writes GIB (default 1) GiB of 64 MiB blobs into DIR (default: a temporary folder under
+//! target/), then reads them with every backend (`pread`, `mmap`, `uring`, `auto`), warm (in the
+//! page cache) and cold (evicted with `posix_fadvise(DONTNEED)`), in batches of sequential
+//! requests of 4 KiB (random offsets), 128 KiB, 1 MiB and 8 MiB. Prints GB/s and the ratio to
+//! `pread` in the same run, as a table and as JSON (`--json`). docs/io.md records a run and the
+//! rule [`Backend::Auto`] follows from it.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tensorfs::io::backend::{self, Backend, Blob, Request};
+
+const BLOB_BYTES: usize = 64 << 20;
+
+fn evict(blobs: &[Blob]) {
+    for b in blobs {
+        // Dirty pages are not dropped: write them back first.
+        // SAFETY: a valid descriptor; write-back and advice only.
+        unsafe {
+            libc::fdatasync(b.file().as_raw_fd());
+            libc::posix_fadvise(b.file().as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+}
+
+/// Reads `total` bytes in requests of `size` (sequential, or at pseudo-random aligned offsets
+/// when `random`), `batch` requests per call; returns GB/s.
+fn run(backend: Backend, blobs: &[Blob], size: usize, random: bool, total: usize) -> f64 {
+    let batch = (4 << 20) / size.max(1);
+    let batch = batch.clamp(1, 64);
+    let mut bufs: Vec<Vec<u8>> = (0..batch).map(|_| vec![0u8; size]).collect();
+    let per_blob = BLOB_BYTES / size;
+    let count = total / size;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let start = Instant::now();
+    let mut done = 0;
+    while done < count {
+        let n = batch.min(count - done);
+        let mut requests: Vec<Request<'_>> = bufs[..n]
+            .iter_mut()
+            .enumerate()
+            .map(|(k, buf)| {
+                let index = if random {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state % (blobs.len() * per_blob) as u64) as usize
+                } else {
+                    done + k
+                };
+                let blob = &blobs[(index / per_blob) % blobs.len()];
+                Request {
+                    blob,
+                    offset: ((index % per_blob) * size) as u64,
+                    buf,
+                }
+            })
+            .collect();
+        backend::read(backend, &mut requests).expect("reads");
+        done += n;
+    }
+    (count * size) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json = args.iter().any(|a| a == "--json");
+    let mut rest = args.iter().filter(|a| !a.starts_with("--"));
+    let gib: usize = rest
+        .next()
+        .map_or(1, |a| a.parse().expect("GIB is a number"));
+    let dir: PathBuf = rest.next().map_or_else(
+        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/io_bench")),
+        PathBuf::from,
+    );
+    std::fs::create_dir_all(&dir).expect("a folder for the blobs");
+    let count = (gib << 30) / BLOB_BYTES;
+    let mut blobs = Vec::new();
+    let data: Vec<u8> = (0..BLOB_BYTES as u64)
+        .map(|i| ((i * 2654435761) >> 11) as u8)
+        .collect();
+    for i in 0..count {
+        let path = dir.join(format!("blob{i:03}"));
+        if std::fs::metadata(&path).map(|m| m.len() as usize).ok() != Some(BLOB_BYTES) {
+            File::create(&path)
+                .and_then(|mut f| f.write_all(&data))
+                .expect("writes a blob");
+        }
+        let file = File::open(&path).expect("opens a blob");
+        blobs.push(Blob::new(file, path, BLOB_BYTES as u64));
+    }
+    let total = count * BLOB_BYTES;
+    let cases: [(&str, usize, bool, usize); 4] = [
+        ("4 KiB random", 4096, true, total / 16),
+        ("128 KiB", 128 << 10, false, total),
+        ("1 MiB", 1 << 20, false, total),
+        ("8 MiB", 8 << 20, false, total),
+    ];
+    let mut rows = Vec::new();
+    for cache in ["warm", "cold"] {
+        for &(name, size, random, bytes) in &cases {
+            let mut speeds = Vec::new();
+            for backend in Backend::ALL {
+                if cache == "warm" {
+                    run(backend, &blobs, size, random, bytes); // fill the cache
+                } else {
+                    evict(&blobs);
+                }
+                speeds.push((backend, run(backend, &blobs, size, random, bytes)));
+            }
+            rows.push((cache, name, speeds));
+        }
+    }
+    if json {
+        let out: Vec<String> = rows
+            .iter()
+            .map(|(cache, name, speeds)| {
+                let s: Vec<String> = speeds
+                    .iter()
+                    .map(|(b, v)| format!("\"{b:?}\": {v:.3}"))
+                    .collect();
+                format!(
+                    "{{\"cache\": \"{cache}\", \"request\": \"{name}\", \"gb_per_s\": {{{}}}}}",
+                    s.join(", ")
+                )
+            })
+            .collect();
+        println!("[{}]", out.join(",\n "));
+        return;
+    }
+    println!(
+        "{} GiB in {} blobs of 64 MiB; GB/s (ratio to pread)",
+        gib, count
+    );
+    println!(
+        "{:<6} {:<14} {:>14} {:>14} {:>14} {:>14} {:>14}",
+        "cache", "requests", "pread", "mmap", "uring", "uring-direct", "auto"
+    );
+    for (cache, name, speeds) in rows {
+        let base = speeds[0].1;
+        let cells: Vec<String> = speeds
+            .iter()
+            .map(|(_, v)| format!("{v:.2} ({:.2}×)", v / base))
+            .collect();
+        println!(
+            "{cache:<6} {name:<14} {:>14} {:>14} {:>14} {:>14} {:>14}",
+            cells[0], cells[1], cells[2], cells[3], cells[4]
+        );
+    }
+}
