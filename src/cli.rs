@@ -5,6 +5,7 @@ mod import;
 mod inspect;
 mod mount;
 mod quantize;
+mod serve;
 mod target;
 mod verify;
 
@@ -46,6 +47,8 @@ pub enum Command {
     Mount(mount::Args),
     /// Unmount a mount point and stop its daemon.
     Unmount(mount::UnmountArgs),
+    /// Serve the store over HTTP as a distribution/1 endpoint.
+    Serve(serve::Args),
 }
 
 impl Cli {
@@ -109,7 +112,7 @@ pub fn main() -> ExitCode {
     }
     // The mount daemon's log says what it served and refused; commands only warn.
     init_logging(match cli.command {
-        Command::Mount(_) => "info",
+        Command::Mount(_) | Command::Serve(_) => "info",
         _ => "warn",
     });
     let result = match &cli.command {
@@ -121,6 +124,7 @@ pub fn main() -> ExitCode {
         Command::Verify(args) => verify::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),
+        Command::Serve(args) => serve::run(&cli, args),
     };
     match result {
         Ok(code) => code,
