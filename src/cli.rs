@@ -1,5 +1,6 @@
 //! The `tensorfs` command line: argument parsing, logging setup and one module per verb.
 
+mod download;
 mod export;
 mod import;
 mod inspect;
@@ -49,6 +50,8 @@ pub enum Command {
     Unmount(mount::UnmountArgs),
     /// Serve the store over HTTP as a distribution/1 endpoint.
     Serve(serve::Args),
+    /// Download a model's commit from an endpoint into the store.
+    Download(download::Args),
 }
 
 impl Cli {
@@ -125,6 +128,7 @@ pub fn main() -> ExitCode {
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),
         Command::Serve(args) => serve::run(&cli, args),
+        Command::Download(args) => download::run(&cli, args),
     };
     match result {
         Ok(code) => code,

@@ -1,4 +1,5 @@
-//! distribution/1 over HTTP (distribution.md): a server over a store.
+//! distribution/1 over HTTP (distribution.md): a server over a store, and the client that
+//! downloads a model's commit from one.
 //!
 //! ```text
 //! B/blobs/<aa>/<bb>/<sha256>            GET (Range), HEAD, PUT (--write)          serve::blobs
@@ -11,9 +12,15 @@
 //!   [`BlobReader`](crate::io::BlobReader), so a damaged blob is never sent, and uploads enter by
 //!   the store's one door ([`ObjectWriter`](crate::store::ObjectWriter): hashed, flushed,
 //!   renamed) only when their bytes are the digest the URL names.
+//! - [`client`] is one endpoint seen from a downloader: its origin, its token (sent to that
+//!   origin only), redirects, retries and resumed ranges.
+//! - [`download`] walks commit → tree → header → chunks and assets, admits each object after
+//!   checking its length and SHA-256, and names the commit in the local repo document last.
 //!
-//! Not here yet: a client, the lazy mount over an endpoint, S3 origins.
+//! Not here yet: uploads from this side, the lazy mount over an endpoint, S3 origins.
 
+pub mod client;
+pub mod download;
 pub mod range;
 pub mod serve;
 
