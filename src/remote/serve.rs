@@ -24,6 +24,7 @@ mod visibility;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
@@ -31,7 +32,7 @@ use hyper::body::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::store::Store;
@@ -76,6 +77,12 @@ pub enum ServeError {
     },
 }
 
+/// How long a connection may take to send a request's head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long in-flight work may take to finish once a signal stops the server.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// A response body: bytes in memory, or a blob streamed from the store.
 pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -97,7 +104,7 @@ pub fn run(
             what: "starting the runtime".into(),
             source,
         })?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServeError::Setup {
@@ -125,7 +132,7 @@ pub fn run(
                     Err(e) => {
                         // Out of descriptors and the like: wait a little rather than spin.
                         tracing::warn!("accept: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 },
@@ -139,6 +146,8 @@ pub fn run(
                     async move { Ok::<_, Infallible>(server.handle(request).await) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), service);
                 if let Err(e) = connection.await {
                     tracing::debug!("connection from {peer}: {e}");
@@ -147,7 +156,9 @@ pub fn run(
         }
         tracing::info!("stopping: signal received");
         Ok(())
-    })
+    });
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    served
 }
 
 /// Who is asking (§5).
