@@ -558,3 +558,69 @@ fn the_reference_conformance_suite_passes_against_our_server() {
     conform(&tfs, &guarded.url, &write, &env, dir.path());
     conform(&tfs, &guarded.url, &write[1..], &env, dir.path());
 }
+
+/// The biggest chunk of `commit`'s header.
+fn biggest_chunk(root: &Path, commit: &ObjectRef) -> ObjectRef {
+    let store = Store::open_existing(root).unwrap();
+    let header = store.commit(commit).unwrap().header;
+    *header.chunks.iter().max_by_key(|c| c.length).unwrap()
+}
+
+#[test]
+fn a_failed_download_names_nothing_and_a_second_run_fetches_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, commit) = published_store(dir.path());
+    // A copy of the origin that lacks one chunk.
+    let partial = dir.path().join("partial");
+    for (path, bytes) in files_of(&origin) {
+        let dest = partial.join(path);
+        fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        fs::write(dest, bytes).unwrap();
+    }
+    let chunk = biggest_chunk(&origin, &commit);
+    fs::remove_file(partial.join(chunk.blob_path())).unwrap();
+    let lacking = StaticOrigin::start(&partial, StaticConfig::default());
+    let local = dir.path().join("local");
+    let out = download(&local, &["acme/tiny@1.0", "--endpoint", &lacking.url], &[]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains(&chunk.sha256.hex()), "{said}");
+    assert!(
+        !local.join("refs/acme/tiny.json").exists(),
+        "nothing names the commit"
+    );
+    ok(&local, &["verify"]);
+
+    let server = Server::start(&origin, &[], &[]);
+    let out = download(&local, &["acme/tiny@1.0", "--endpoint", &server.url], &[]);
+    let said = succeeded(&out);
+    assert!(!said.contains(" 0 of "), "{said}");
+    assert_eq!(blobs(&local), blobs(&origin));
+}
+
+#[test]
+fn a_damaged_blob_is_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, commit) = published_store(dir.path());
+    let chunk = biggest_chunk(&origin, &commit);
+    let blob = origin.join(chunk.blob_path());
+    let mut bytes = fs::read(&blob).unwrap();
+    bytes[0] ^= 0xff;
+    let mut permissions = fs::metadata(&blob).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    permissions.set_readonly(false);
+    fs::set_permissions(&blob, permissions).unwrap();
+    fs::write(&blob, &bytes).unwrap();
+
+    let server = Server::start(&origin, &[], &[]);
+    let answer = request(server.address(), "GET", &blob_path(&chunk), &[], b"");
+    assert_eq!(answer.status, 500);
+    assert!(!answer
+        .body
+        .windows(16)
+        .any(|w| bytes.windows(16).next() == Some(w)));
+    let local = dir.path().join("local");
+    let out = download(&local, &["acme/tiny", "--endpoint", &server.url], &[]);
+    assert!(!out.status.success());
+    assert!(!local.join("refs/acme/tiny.json").exists());
+}

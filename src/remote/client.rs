@@ -7,9 +7,10 @@
 //!   port), and never again in a request chain once a redirect left that origin.
 //! - **Redirects.** Followed by hand, at most [`MAX_REDIRECTS`] hops, each repeating the
 //!   `Range`.
-//! - **Retries.** Transport failures, `408`, `429` and `5xx` are asked again after
-//!   `Retry-After` or a doubling wait with jitter; [`ClientConfig::retries`] attempts in a row
-//!   that move no byte end it. Other statuses are final.
+//! - **Retries.** Transport failures and [`is_weather`] statuses (`408`, `429`, `502`, `503`,
+//!   `504`) are asked again after `Retry-After` or a doubling wait with jitter;
+//!   [`ClientConfig::retries`] attempts in a row that move no byte end it. Other statuses are
+//!   final: a `500` is the server's own failure (a damaged blob), which asking again repeats.
 //! - **Resumption.** An object's GET that breaks resumes at the byte it reached
 //!   (`Range: bytes=<n>-`); a server that answers `200` instead has its first `n` bytes skipped.
 //!   Bytes go to a [`Sink`]; whoever admits them checks length and SHA-256 (§2).
@@ -473,7 +474,7 @@ impl Endpoint {
                 what: what.to_owned(),
                 message,
             }),
-            408 | 429 | 500..=599 => Attempt::Again {
+            status if is_weather(status) => Attempt::Again {
                 why: format!("{status}{}", message_suffix(&message)),
                 wait,
             },
@@ -496,7 +497,7 @@ impl Endpoint {
         loop {
             let response = self.ask(method.clone(), url.clone(), None, what).await?;
             let status = response.status();
-            if matches!(status.as_u16(), 408 | 429 | 500..=599) {
+            if is_weather(status.as_u16()) {
                 let wait = retry_after(&response);
                 failures += 1;
                 if failures > self.config.retries {
@@ -617,6 +618,12 @@ impl Endpoint {
             .min(self.config.max_backoff)
             .mul_f64(0.5 + 0.5 * jitter())
     }
+}
+
+/// Statuses that pass (§6): timeouts, rate limits, and a gateway or server that is busy or
+/// restarting.
+pub fn is_weather(status: u16) -> bool {
+    matches!(status, 408 | 429 | 502 | 503 | 504)
 }
 
 /// `https`, or `http` to a loopback host (§2).
@@ -772,6 +779,16 @@ mod tests {
             e.wait(1, Some(Duration::from_secs(999))),
             Duration::from_secs(20)
         );
+    }
+
+    #[test]
+    fn only_passing_statuses_are_asked_again() {
+        for status in [408, 429, 502, 503, 504] {
+            assert!(is_weather(status), "{status}");
+        }
+        for status in [200, 206, 400, 401, 403, 404, 416, 500, 501] {
+            assert!(!is_weather(status), "{status}");
+        }
     }
 
     #[test]
