@@ -144,9 +144,14 @@ pub async fn download(
         )));
     }
     let tree_lane = tree.lane.clone().unwrap_or_default();
-    if let Some(lane) = lane.filter(|lane| *lane != tree_lane) {
+    // The lane the release names the commit under, else the tree's own label.
+    let named_lane = match target.lane.is_empty() {
+        true => tree_lane.clone(),
+        false => target.lane.clone(),
+    };
+    if let Some(lane) = lane.filter(|lane| *lane != named_lane) {
         return Err(DownloadError::Resolve(format!(
-            "commit {} is in lane {tree_lane:?}, not {lane:?}",
+            "the endpoint answered commit {} in lane {named_lane:?}, not {lane:?}",
             commit.id()
         )));
     }
@@ -171,9 +176,7 @@ pub async fn download(
     tokio::task::block_in_place(|| -> DownloadResult<()> {
         store.put_bytes(&header_bytes)?;
         store.put_bytes(&tree_bytes)?;
-        let lane = Some(target.lane.as_str())
-            .filter(|l| !l.is_empty())
-            .unwrap_or(&tree_lane);
+        let lane = named_lane.as_str();
         store.update_repo(name, |old| {
             let mut repo = old.unwrap_or_else(|| Repo {
                 name: name.to_owned(),
@@ -193,7 +196,7 @@ pub async fn download(
     Ok(DownloadReport {
         name: name.to_owned(),
         release: target.release,
-        lane: tree_lane,
+        lane: named_lane,
         commit: commit.id(),
         objects: closure.len() + 2,
         fetched: missing.len() + documents_here.iter().filter(|here| !**here).count(),

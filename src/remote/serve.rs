@@ -242,8 +242,7 @@ impl Server {
                 _ => Err(ApiError::method("GET, HEAD")),
             },
             _ => Err(ApiError::not_found(
-                "no such route (distribution/1 serves blobs/, \
-                                          v1/models/ and refs/)",
+                "no such route (distribution/1 serves blobs/, v1/models/ and refs/)",
             )),
         }
     }
