@@ -3,9 +3,9 @@
 //! Parts:
 //! - this file: [`ServeConfig`], the listener and its shutdown, routing, authorization (§5) and
 //!   the error envelope (§6);
-//! - [`blobs`]: `GET`/`HEAD` with one range, `PUT` admitted through the store's writer;
-//! - [`models`]: resolve, commits and repo documents;
-//! - [`visibility`]: which objects anonymous callers may read when a token is configured.
+//! - `blobs`: `GET`/`HEAD` with one range, `PUT` admitted through the store's writer;
+//! - `models`: resolve, commits and repo documents;
+//! - `visibility`: which objects anonymous callers may read when a token is configured.
 //!
 //! Who may do what:
 //! - no token configured: every caller is a member of every org: it reads everything but
