@@ -1,11 +1,13 @@
 //! The `tensorfs` command line: argument parsing, logging setup and one module per verb.
 
+mod download;
 mod export;
 mod import;
 mod inspect;
 mod locate;
 mod mount;
 mod quantize;
+mod serve;
 mod target;
 mod verify;
 
@@ -49,6 +51,10 @@ pub enum Command {
     Mount(mount::Args),
     /// Unmount a mount point and stop its daemon.
     Unmount(mount::UnmountArgs),
+    /// Serve the store over HTTP as a distribution/1 endpoint.
+    Serve(serve::Args),
+    /// Download a model's commit from an endpoint into the store.
+    Download(download::Args),
 }
 
 impl Cli {
@@ -112,7 +118,7 @@ pub fn main() -> ExitCode {
     }
     // The mount daemon's log says what it served and refused; commands only warn.
     init_logging(match cli.command {
-        Command::Mount(_) => "info",
+        Command::Mount(_) | Command::Serve(_) => "info",
         _ => "warn",
     });
     if let Err(why) = crate::io::Backend::from_env() {
@@ -129,6 +135,8 @@ pub fn main() -> ExitCode {
         Command::Verify(args) => verify::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),
+        Command::Serve(args) => serve::run(&cli, args),
+        Command::Download(args) => download::run(&cli, args),
     };
     match result {
         Ok(code) => code,

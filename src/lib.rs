@@ -13,5 +13,6 @@ pub mod import;
 pub mod io;
 pub mod layout;
 pub mod quantize;
+pub mod remote;
 pub mod revisions;
 pub mod store;

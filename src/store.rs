@@ -28,6 +28,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use objects::{ObjectWriter, Staged};
+pub use refs::ref_key;
 
 use crate::format::{FormatError, Header, ObjectRef, Tree};
 

@@ -129,6 +129,40 @@ impl Repo {
             .into_bytes()
     }
 
+    /// Records `commit` as lane `lane` of release `version`. A new release goes before the
+    /// first later version ([`version_order`]), so `releases` stays oldest first; a commit
+    /// `commits` listed is dropped from there, as a release names it now.
+    pub fn set_lane(&mut self, version: &str, lane: &str, commit: ObjectRef) {
+        self.commits.retain(|c| *c != commit);
+        if let Some(release) = self.releases.iter_mut().find(|r| r.version == version) {
+            release.lanes.insert(lane.to_string(), commit);
+            return;
+        }
+        let order = version_order(version);
+        let at = self
+            .releases
+            .iter()
+            .position(|r| version_order(&r.version) > order)
+            .unwrap_or(self.releases.len());
+        self.releases.insert(
+            at,
+            Release {
+                version: version.to_string(),
+                lanes: BTreeMap::from([(lane.to_string(), commit)]),
+            },
+        );
+    }
+
+    /// Records `commit` as the newest of `commits`, unless a release or `commits` names it
+    /// already. True when it was added.
+    pub fn add_commit(&mut self, commit: ObjectRef) -> bool {
+        if self.roots().any(|c| *c == commit) {
+            return false;
+        }
+        self.commits.push(commit);
+        true
+    }
+
     /// Every commit the repo names: each release's lanes, then the other commits.
     pub fn roots(&self) -> impl Iterator<Item = &ObjectRef> {
         self.releases
@@ -136,6 +170,33 @@ impl Repo {
             .flat_map(|r| r.lanes.values())
             .chain(self.commits.iter())
     }
+}
+
+/// The order of release versions: the numbers of a PEP 440 release segment (`1.10.2` is
+/// `[1, 10, 2]`, trailing zeros dropped so `1.0` equals `1`), after an optional epoch `N!`
+/// and `v`. Pre-, post- and dev-release suffixes are not compared; a version without leading
+/// digits orders first.
+pub fn version_order(version: &str) -> (u64, Vec<u64>) {
+    let text = version.trim_start_matches(['v', 'V']);
+    let (epoch, text) = match text.split_once('!') {
+        Some((epoch, rest)) => (epoch.parse().unwrap_or(0), rest),
+        None => (0, text),
+    };
+    let mut release = Vec::new();
+    for part in text.split('.') {
+        let digits = part.bytes().take_while(u8::is_ascii_digit).count();
+        match part[..digits].parse::<u64>() {
+            Ok(n) => release.push(n),
+            Err(_) => break,
+        }
+        if digits < part.len() {
+            break;
+        }
+    }
+    while release.last() == Some(&0) {
+        release.pop();
+    }
+    (epoch, release)
 }
 
 #[cfg(test)]
@@ -294,5 +355,42 @@ mod tests {
             bare.to_json(),
             br#"{"format":"cozytensors.repo/1","name":"acme/x"}"#
         );
+    }
+
+    #[test]
+    fn releases_are_inserted_in_version_order_and_commits_once() {
+        let commit = |n: u64| ObjectRef {
+            sha256: SHA.parse().unwrap(),
+            length: n,
+        };
+        let mut repo = Repo {
+            name: "acme/x".into(),
+            releases: vec![],
+            commits: vec![commit(7)],
+        };
+        repo.set_lane("1.10", "bf16", commit(1));
+        repo.set_lane("1.2", "bf16", commit(2));
+        repo.set_lane("2.0rc1", "fp8", commit(3));
+        repo.set_lane("1.2", "fp8", commit(7));
+        let versions: Vec<&str> = repo.releases.iter().map(|r| r.version.as_str()).collect();
+        assert_eq!(versions, ["1.2", "1.10", "2.0rc1"]);
+        assert_eq!(repo.releases[0].lanes.len(), 2);
+        assert!(
+            repo.commits.is_empty(),
+            "a released commit leaves `commits`"
+        );
+        assert!(!repo.add_commit(commit(1)));
+        assert!(repo.add_commit(commit(9)));
+        assert!(!repo.add_commit(commit(9)));
+        assert_eq!(repo.commits, [commit(9)]);
+    }
+
+    #[test]
+    fn version_order_compares_release_numbers() {
+        assert!(version_order("1.9") < version_order("1.10"));
+        assert_eq!(version_order("1.0"), version_order("1"));
+        assert!(version_order("v2") > version_order("1.99"));
+        assert!(version_order("1!0.1") > version_order("9.9"));
+        assert!(version_order("nightly") < version_order("0.1"));
     }
 }

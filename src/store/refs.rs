@@ -36,18 +36,27 @@ fn ref_segment(segment: &str) -> String {
     }
 }
 
+/// Where the repo document of `name` (`org/name`) lives under a store or static origin:
+/// `refs/<org>/<name>.json`, each segment folded or hashed (distribution.md §1).
+///
+/// # Errors
+/// `name` is not `<org>/<name>` with two segments.
+pub fn ref_key(name: &str) -> StoreResult<String> {
+    let (org, model) = split_repo_name(name).map_err(|e| StoreError::Ref(e.to_string()))?;
+    Ok(format!(
+        "refs/{}/{}.json",
+        ref_segment(org),
+        ref_segment(model)
+    ))
+}
+
 impl Store {
     /// The ref file of repo `name` (`org/name`).
     ///
     /// # Errors
     /// `name` is not `<org>/<name>` with two segments.
     pub fn ref_path(&self, name: &str) -> StoreResult<PathBuf> {
-        let (org, model) = split_repo_name(name).map_err(|e| StoreError::Ref(e.to_string()))?;
-        Ok(self
-            .root
-            .join("refs")
-            .join(ref_segment(org))
-            .join(format!("{}.json", ref_segment(model))))
+        Ok(self.root.join(ref_key(name)?))
     }
 
     /// Takes the shared side of the collector's fence (`holds/gc.lock`): while held, the

@@ -1,0 +1,162 @@
+//! `tensorfs download ORG/NAME[@RELEASE] --endpoint URL`: a model's commit from an endpoint
+//! into the store.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::import::human;
+use super::Cli;
+use crate::format::names::split_repo_name;
+use crate::remote::client::{ClientConfig, Endpoint};
+use crate::remote::download::{download, DownloadConfig, Progress, Revision};
+
+/// Arguments of `download`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// org/name, org/name@<release>, org/name@sha256:<commit>; no release: the newest.
+    #[arg(value_name = "ORG/NAME[@RELEASE]")]
+    pub reference: String,
+    /// The lane; without one, the endpoint picks (a static origin: the release's only lane).
+    #[arg(long)]
+    pub lane: Option<String>,
+    /// The endpoint: https://…, or http:// on loopback.
+    #[arg(long, env = "TENSORFS_ENDPOINT", value_name = "URL")]
+    pub endpoint: String,
+    /// A bearer token, sent to the endpoint's origin only.
+    #[arg(
+        long,
+        env = "TENSORFS_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Objects fetched at once.
+    #[arg(long, default_value_t = 8)]
+    pub jobs: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+struct Bar(Option<ProgressBar>);
+
+impl Progress for Bar {
+    fn start(&self, total_bytes: u64) {
+        if let Some(bar) = &self.0 {
+            bar.set_length(total_bytes);
+        }
+    }
+
+    fn advance(&self, bytes: u64) {
+        if let Some(bar) = &self.0 {
+            bar.inc(bytes);
+        }
+    }
+}
+
+/// The repo and revision of `ORG/NAME[@REVISION]`.
+fn parse_reference(reference: &str) -> anyhow::Result<(String, Revision)> {
+    let (name, revision) = match reference.split_once('@') {
+        Some((name, rev)) => (name, Some(rev)),
+        None => (reference, None),
+    };
+    split_repo_name(name).map_err(|e| anyhow!("{e}"))?;
+    let revision = match revision {
+        None | Some("latest") => Revision::Newest,
+        Some(rev) => match rev.strip_prefix("sha256:") {
+            Some(hex) => Revision::Commit(hex.parse().map_err(|e| anyhow!("{reference}: {e}"))?),
+            None if rev.is_empty() => bail!("{reference}: nothing after @"),
+            None => Revision::Release(rev.to_owned()),
+        },
+    };
+    Ok((name.to_owned(), revision))
+}
+
+pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    let (name, revision) = parse_reference(&args.reference)?;
+    let endpoint = Arc::new(Endpoint::new(
+        &args.endpoint,
+        args.token.clone(),
+        ClientConfig::default(),
+    )?);
+    let store = cli.open_store()?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} downloading {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} {eta}",
+            )
+            .expect("a valid template"),
+        );
+        bar
+    });
+    let progress = Arc::new(Bar(bar));
+    let config = DownloadConfig {
+        jobs: args.jobs.max(1),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(download(
+        &store,
+        endpoint,
+        &name,
+        &revision,
+        args.lane.as_deref(),
+        &config,
+        progress.clone(),
+    ));
+    if let Some(bar) = &progress.0 {
+        bar.finish_and_clear();
+    }
+    let report = report?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let release = match report.release.as_str() {
+            "" => String::new(),
+            release => format!("@{release}"),
+        };
+        println!(
+            "downloaded {}{release} lane {} ({}): {} of {} objects fetched ({})",
+            report.name,
+            report.lane,
+            report.commit,
+            report.fetched,
+            report.objects,
+            human(report.fetched_bytes)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_name_a_release_a_commit_or_the_newest() {
+        let hex = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        assert_eq!(parse_reference("acme/x").unwrap().1, Revision::Newest);
+        assert_eq!(
+            parse_reference("acme/x@latest").unwrap().1,
+            Revision::Newest
+        );
+        assert_eq!(
+            parse_reference("acme/x@1.0").unwrap().1,
+            Revision::Release("1.0".into())
+        );
+        assert_eq!(
+            parse_reference(&format!("acme/x@sha256:{hex}")).unwrap().1,
+            Revision::Commit(hex.parse().unwrap())
+        );
+        assert!(parse_reference("acme").is_err());
+        assert!(parse_reference("acme/x@").is_err());
+        assert!(parse_reference("acme/x@sha256:zz").is_err());
+    }
+}
