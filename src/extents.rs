@@ -6,12 +6,15 @@
 //! [`FileTensors`] indexes one file of a [`LaneView`] (its safetensors header parsed once);
 //! [`FileTensors::locate`] answers for one tensor name. [`locate`] does both for a single
 //! query. The mount answers the same query through an ioctl ([`ioctl`], `docs/extents.md`).
+//! [`stage`] reads a located tensor's extents with io_uring into reusable host buffers, for a
+//! loader that copies them on (GPU-direct loading, `docs/gpu.md`).
 //!
 //! A part's bytes are one location of the header (spec §4): `length` bytes from `offset` in
 //! chunk `chunk`, continuing at offset 0 of the following chunks when a chunk ends first. So a
 //! part has one extent per chunk it touches, and extents of a part are consecutive in the file.
 
 pub mod ioctl;
+pub mod stage;
 
 use std::collections::HashMap;
 use std::ops::Range;

@@ -9,6 +9,8 @@ pub mod extents;
 pub mod format;
 pub mod fs;
 pub mod fuse;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod import;
 pub mod io;
 pub mod layout;
