@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! "GGUF" version:u32 tensor_count:u64 kv_count:u64
-//! kv_count × (key:string type:u32 value)        string = len:u64 bytes; array = type:u32 count:u64 values
+//! kv_count × (key:string type:u32 value)         string = len:u64 bytes
+//!                                                array = type:u32 count:u64 values
 //! tensor_count × (name:string n_dims:u32 ne:u64[n_dims] ggml_type:u32 offset:u64)
 //! zero padding to `general.alignment` (a u32 power of two; 32 when absent)
 //! data section: each tensor at data_start + offset, aligned; zero padding between
@@ -21,7 +22,7 @@
 //! allocated for bytes not yet in the prefix ([`GgufError::Incomplete`] asks for more), so a
 //! hostile header costs at most its own size.
 //!
-//! [`write`] is the inverse: the header bytes, padding included, of a parsed [`Gguf`];
+//! [`write()`] is the inverse: the header bytes, padding included, of a parsed [`Gguf`];
 //! `write(&parse(f)?.gguf)` is `f` up to its data section.
 
 use std::collections::HashMap;
