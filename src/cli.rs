@@ -33,7 +33,7 @@ pub struct Cli {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Import a Diffusers or Transformers folder, or .safetensors files, as local/NAME.
+    /// Import a Diffusers or Transformers folder, or .safetensors and .gguf files, as local/NAME.
     Import(import::Args),
     /// List the store's repos, revisions and lanes.
     Ls(inspect::LsArgs),

@@ -1,4 +1,5 @@
-//! The `cozytensors/1` documents and the safetensors container, as bytes in and bytes out.
+//! The `cozytensors/1` documents and the safetensors and GGUF containers, as bytes in and
+//! bytes out.
 //!
 //! Nothing here does I/O: every parser takes a `&[u8]` and validates it completely, so fuzzers
 //! and corpora call it directly.
@@ -11,9 +12,11 @@
 //! - [`tree`], [`repo`]: `cozytensors.tree/1` and `cozytensors.repo/1` (spec §3, §7).
 //! - [`names`]: segments, paths, lanes and repo names (spec §2, §3, §7).
 //! - [`safetensors`]: the safetensors container: a strict header parser and the canonical writer.
+//! - [`gguf`]: the GGUF container: a strict header parser and its exact writer.
 
 pub mod cbor;
 pub mod dtype;
+pub mod gguf;
 pub mod header;
 pub mod json;
 pub mod names;

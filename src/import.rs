@@ -1,5 +1,5 @@
-//! Import: Diffusers folders, Transformers folders and loose `.safetensors` files become
-//! commits of a `local/` repo.
+//! Import: Diffusers folders, Transformers folders and loose `.safetensors` and `.gguf` files
+//! become commits of a `local/` repo.
 //!
 //! 1. `scan` lists the source and tells its kind; `model` reads every config, index and
 //!    safetensors header of each lane (the default files, then one lane per weights variant
@@ -22,6 +22,7 @@
 
 pub mod chunks;
 mod convention;
+mod gguf;
 mod model;
 mod scan;
 
@@ -137,8 +138,8 @@ impl Default for ImportConfig {
     }
 }
 
-/// Imports `sources` (one folder, or `.safetensors` files) as new commits of repo `name`
-/// (`local/<name>`).
+/// Imports `sources` (one folder, or `.safetensors` and `.gguf` files) as new commits of repo
+/// `name` (`local/<name>`).
 ///
 /// # Errors
 /// [`ImportError`]; on any error the store is left as it was.
@@ -468,6 +469,9 @@ fn nothing_to_import(path: &Path, source: &scan::Source) -> ImportError {
             "; it has weights in other formats ({}): convert them to safetensors first",
             foreign.join(", ")
         ));
+        if foreign.iter().any(|p| scan::is_gguf(p)) {
+            why.push_str(" (a .gguf file imports when named itself)");
+        }
     }
     if let Some(nested) = nested {
         why.push_str(&format!(

@@ -12,7 +12,8 @@ use crate::import::{import, ImportConfig, Progress};
 /// Arguments of `import`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A Diffusers folder (with model_index.json), a Transformers folder, or .safetensors files.
+    /// A Diffusers folder (with model_index.json), a Transformers folder, or .safetensors and
+    /// .gguf files.
     #[arg(required = true, value_name = "SRC")]
     pub sources: Vec<PathBuf>,
     /// The repo to add the commits to: local/<name>.

@@ -97,11 +97,12 @@ pub(crate) fn lanes(
 ) -> Result<Vec<LaneModel>, ImportError> {
     let variants = scan::variants(&source.files);
     let mut lanes = Vec::new();
+    // Loose GGUF files have no variant: they are default weights.
     let has_default = source.files.keys().any(|p| {
         matches!(
             scan::weights(file_name(p)),
             Some(Weights::File { variant: None })
-        )
+        ) || (source.kind == Kind::Files && scan::is_gguf(p))
     });
     if has_default || variants.is_empty() {
         lanes.push(lane(source, None, converter)?);
@@ -148,15 +149,28 @@ fn lane(
     let mut folders: Vec<(String, String, Folder)> = Vec::new();
     match source.kind {
         Kind::Files => {
+            let mut stems: BTreeMap<&str, &str> = BTreeMap::new();
             for (name, path) in &source.files {
                 let stem = name
                     .strip_suffix(".safetensors")
-                    .expect("scanned as .safetensors");
+                    .or_else(|| name.strip_suffix(".gguf"))
+                    .expect("scanned as .safetensors or .gguf");
                 if !is_segment(stem) {
                     return Err(ImportError::source(
                         path,
                         "the file name makes no component name",
                     ));
+                }
+                if let Some(other) = stems.insert(stem, name) {
+                    return Err(ImportError::source(
+                        path,
+                        format!("{other} would also be component {stem:?}; import them apart"),
+                    ));
+                }
+                if scan::is_gguf(name) {
+                    let c = super::gguf::component(&mut model, stem, name, path)?;
+                    model.components.push(c);
+                    continue;
                 }
                 let mut folder = Folder::default();
                 folder.files.insert(name.clone(), path.clone());
@@ -291,6 +305,12 @@ fn lane(
             }
             None => model.components.push(component),
         }
+    }
+    if source.kind == Kind::Files {
+        // Loose files' components in file name order, GGUF files among the others.
+        model
+            .components
+            .sort_by(|a, b| a.lane_paths.first().cmp(&b.lane_paths.first()));
     }
     // A listed component with no folder (`[null, null]`, an optional part left out) has nothing
     // to store.

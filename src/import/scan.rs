@@ -15,7 +15,7 @@ pub(crate) enum Kind {
     Diffusers,
     /// Any other folder: a Transformers model (or a folder of weights).
     Transformers,
-    /// One or more loose `.safetensors` files.
+    /// One or more loose `.safetensors` and `.gguf` files.
     Files,
 }
 
@@ -36,7 +36,7 @@ const FOREIGN_WEIGHTS: [&str; 8] = [
     ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".msgpack", ".h5", ".gguf",
 ];
 
-/// Lists `sources`: one folder, or any number of `.safetensors` files.
+/// Lists `sources`: one folder, or any number of `.safetensors` and `.gguf` files.
 ///
 /// # Errors
 /// No sources, a mix of folders and files, a path that cannot be read, or a name no lane
@@ -69,8 +69,11 @@ pub(crate) fn scan(sources: &[PathBuf]) -> Result<Source, ImportError> {
                     .file_name()
                     .and_then(|n| n.to_str())
                     .ok_or_else(|| bad(path, "the file name is not UTF-8"))?;
-                if !meta.is_file() || !name.ends_with(".safetensors") {
-                    return Err(bad(path, "is neither a folder nor a .safetensors file"));
+                if !meta.is_file() || !(name.ends_with(".safetensors") || is_gguf(name)) {
+                    return Err(bad(
+                        path,
+                        "is neither a folder nor a .safetensors or .gguf file",
+                    ));
                 }
                 check_name(path, name)?;
                 if files.insert(name.to_owned(), path.clone()).is_some() {
@@ -130,6 +133,11 @@ fn walk(dir: &Path, prefix: &str, source: &mut Source, depth: usize) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Whether `name` is a GGUF file, by its extension.
+pub(crate) fn is_gguf(name: &str) -> bool {
+    name.ends_with(".gguf")
 }
 
 /// Whether `path` is weights in a format other than safetensors.

@@ -1,5 +1,6 @@
-//! The plan of a synthesized safetensors file: a header prefix in memory, then tensor bytes as
-//! segments, each a contiguous range of one chunk or of one decoded tensor.
+//! The plan of a synthesized safetensors (or GGUF) file: a header prefix in memory, then tensor
+//! bytes as segments, each a contiguous range of one chunk or of one decoded tensor, or a run of
+//! zeros (a GGUF's padding).
 
 use std::io;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ pub enum Source {
         /// Offset of the range within the chunk.
         offset: u64,
     },
+    /// Zero bytes (padding), held nowhere.
+    Zeros,
     /// The logical bytes of encoded tensor `tensor` of component `component`, decoded, from
     /// byte `offset`.
     Decoded {
@@ -126,6 +129,26 @@ impl<'h> PlanBuilder<'h> {
         self.end += bytes.len() as u64;
     }
 
+    /// Appends `length` zero bytes.
+    pub(crate) fn push_zeros(&mut self, length: u64) {
+        if length == 0 {
+            return;
+        }
+        if let Some(last) = self.segments.last_mut() {
+            if last.source == Source::Zeros {
+                last.length += length;
+                self.end += length;
+                return;
+            }
+        }
+        self.segments.push(Segment {
+            file_offset: self.end,
+            length,
+            source: Source::Zeros,
+        });
+        self.end += length;
+    }
+
     /// Appends the decoded bytes of tensor `tensor` of component `component` (`length` bytes),
     /// which the plan decodes from `header` (object `header_ref`) when they are read.
     pub(crate) fn push_decoded(
@@ -225,6 +248,7 @@ impl SafetensorsPlan {
                     let from = (offset + within) as usize;
                     here.copy_from_slice(&self.inline[from..from + n]);
                 }
+                Source::Zeros => here.fill(0),
                 Source::Chunk { chunk, offset } => reads.push(super::ObjectRead {
                     object: &self.chunks[chunk as usize],
                     offset: offset + within,

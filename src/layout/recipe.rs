@@ -9,6 +9,8 @@
 //! {"text": "<the file's exact text>"}                                 configs, model_index.json, shard indexes
 //! {"component": "<name>", "header": "<the exact safetensors header JSON, padding included>",
 //!  "arrays": {"<array>": {"tensor": "<key>", "role": "<role>"} | {"hex": "<the bytes>"}, …}}
+//! {"component": "<name>", "gguf": {<the GGUF header, structured>}, "size": <bytes>,
+//!  "arrays": {"<tensor>": {"tensor": "<key>", "role": "<role>"}, …}}           a GGUF file
 //! ```
 //!
 //! A safetensors file is then the header's length (u64 little-endian), the header text, and the
@@ -17,6 +19,9 @@
 //! part of an encoded tensor (a producer's companion array, such as `x.weight_scale` as part
 //! `scale` of `x.weight`) or gives its bytes (an array that only declares how others decode,
 //! such as ComfyUI's `x.comfy_quant`).
+//! A GGUF file (`recipe/gguf.rs`) is its header written again from the structure, then each tensor at
+//! its offset with zeros between: the component's tensor of its name (a plain tensor, or an
+//! encoded tensor's `blocks` part), unless `arrays` names another part.
 //! Metadata is free-form (spec §4) and holds no object references, so the reference's verify,
 //! export and GC read such a header as any other (spec §7 closure rules); it ignores the key.
 
@@ -25,9 +30,12 @@ use std::sync::Arc;
 
 use super::plan::PlanBuilder;
 use super::{Content, Files, LayoutError, Owner};
+use crate::format::gguf::Gguf;
 use crate::format::json::{self, Json};
 use crate::format::safetensors;
 use crate::format::{Body, Header, ObjectRef, Tensor, Value};
+
+mod gguf;
 
 /// The header metadata key of the source files' recipe.
 pub const SOURCE_FILES: &str = "source_files";
@@ -44,6 +52,19 @@ pub enum SourceFile {
         /// The header JSON as it was in the file (the `N` bytes after the length).
         header: String,
         /// Arrays that are not the plain tensor of their name, by array name.
+        arrays: BTreeMap<String, ArraySource>,
+    },
+    /// A GGUF file of `component`'s tensors: this header (written again byte for byte), then
+    /// each tensor at its offset, zeros between, `size` bytes in all.
+    Gguf {
+        /// The component whose tensors the file holds.
+        component: String,
+        /// The header: version, KV and tensor infos.
+        gguf: Box<Gguf>,
+        /// The file's length in bytes.
+        size: u64,
+        /// Tensors that are not the component's tensor of their name (or its `blocks` part),
+        /// by tensor name.
         arrays: BTreeMap<String, ArraySource>,
     },
 }
@@ -91,7 +112,22 @@ impl SourceFiles {
                     .find(|(k, _)| k == name)
                     .and_then(|(_, v)| v.as_text())
             };
+            let gguf_field = fields.iter().find(|(k, _)| k == "gguf").map(|(_, v)| v);
+            let size = fields.iter().find(|(k, _)| k == "size").map(|(_, v)| v);
             let file = match (field("text"), field("component"), field("header")) {
+                (None, Some(component), None) if gguf_field.is_some() => {
+                    let g = gguf::from_value(gguf_field.expect("present"))
+                        .map_err(|why| format!("{path}: {why}"))?;
+                    let Some(Value::Uint(size)) = size else {
+                        return Err(format!("{path}: a GGUF entry has no size"));
+                    };
+                    SourceFile::Gguf {
+                        component: component.to_owned(),
+                        gguf: Box::new(g),
+                        size: *size,
+                        arrays: arrays_of(path, fields)?,
+                    }
+                }
                 (Some(text), None, None) => SourceFile::Text(text.to_owned()),
                 (None, Some(component), Some(header)) => SourceFile::Safetensors {
                     component: component.to_owned(),
@@ -124,22 +160,21 @@ impl SourceFiles {
                         ("component".to_owned(), text(component)),
                         ("header".to_owned(), text(header)),
                     ];
-                    if !arrays.is_empty() {
-                        let entries = arrays.iter().map(|(name, source)| {
-                            let entry = match source {
-                                ArraySource::Part { tensor, role } => Value::map([
-                                    ("tensor".to_owned(), text(tensor)),
-                                    ("role".to_owned(), text(role)),
-                                ]),
-                                // Metadata holds no byte strings (spec §9): hex text.
-                                ArraySource::Bytes(bytes) => {
-                                    Value::map([("hex".to_owned(), text(&hex::encode(bytes)))])
-                                }
-                            };
-                            (name.clone(), entry)
-                        });
-                        fields.push(("arrays".to_owned(), Value::map(entries)));
-                    }
+                    push_arrays(&mut fields, arrays);
+                    fields
+                }
+                SourceFile::Gguf {
+                    component,
+                    gguf: g,
+                    size,
+                    arrays,
+                } => {
+                    let mut fields = vec![
+                        ("component".to_owned(), text(component)),
+                        ("gguf".to_owned(), gguf::to_value(g)),
+                        ("size".to_owned(), Value::Uint(*size)),
+                    ];
+                    push_arrays(&mut fields, arrays);
                     fields
                 }
             };
@@ -161,11 +196,7 @@ impl SourceFiles {
                     Content::Inline(text.as_bytes().into()),
                     text_owner(header, folders, path),
                 ),
-                SourceFile::Safetensors {
-                    component,
-                    header: text,
-                    arrays,
-                } => {
+                SourceFile::Safetensors { component, .. } | SourceFile::Gguf { component, .. } => {
                     let Some(index) = header.components.iter().position(|c| c.name == *component)
                     else {
                         return Err(files.invalid(path, format!("no component {component:?}")));
@@ -178,8 +209,21 @@ impl SourceFiles {
                             .map(|(i, t)| (t.key.as_str(), i as u32))
                             .collect()
                     });
-                    let (plan, tensors) = plan(header, chunks, text, &c.tensors, by_key, arrays)
-                        .map_err(|why| files.invalid(path, why))?;
+                    let planned = match file {
+                        SourceFile::Safetensors {
+                            header: text,
+                            arrays,
+                            ..
+                        } => plan(header, chunks, text, &c.tensors, by_key, arrays),
+                        SourceFile::Gguf {
+                            gguf: g,
+                            size,
+                            arrays,
+                            ..
+                        } => gguf::plan(header, chunks, g, *size, &c.tensors, by_key, arrays),
+                        SourceFile::Text(_) => unreachable!("matched above"),
+                    };
+                    let (plan, tensors) = planned.map_err(|why| files.invalid(path, why))?;
                     (
                         Content::Safetensors(Arc::new(plan)),
                         Owner::Component { index, tensors },
@@ -192,7 +236,29 @@ impl SourceFiles {
     }
 }
 
-/// The `arrays` entry of a recorded safetensors file (absent: none).
+/// Adds the `arrays` field (when there are any) to a recipe entry's `fields`.
+fn push_arrays(fields: &mut Vec<(String, Value)>, arrays: &BTreeMap<String, ArraySource>) {
+    if arrays.is_empty() {
+        return;
+    }
+    let text = |s: &str| Value::Text(s.to_owned());
+    let entries = arrays.iter().map(|(name, source)| {
+        let entry = match source {
+            ArraySource::Part { tensor, role } => Value::map([
+                ("tensor".to_owned(), text(tensor)),
+                ("role".to_owned(), text(role)),
+            ]),
+            // Metadata holds no byte strings (spec §9): hex text.
+            ArraySource::Bytes(bytes) => {
+                Value::map([("hex".to_owned(), text(&hex::encode(bytes)))])
+            }
+        };
+        (name.clone(), entry)
+    });
+    fields.push(("arrays".to_owned(), Value::map(entries)));
+}
+
+/// The `arrays` entry of a recorded safetensors or GGUF file (absent: none).
 fn arrays_of(
     path: &str,
     fields: &[(String, Value)],
