@@ -216,6 +216,10 @@ impl FileTensors {
         else {
             return Err(not_safetensors());
         };
+        // A GGUF file's plan has no safetensors header to index.
+        if file.ends_with(".gguf") {
+            return Err(not_safetensors());
+        }
         let invalid = |why: String| LocateError::Invalid {
             file: file.to_owned(),
             tensor: String::new(),
