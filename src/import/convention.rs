@@ -181,6 +181,10 @@ enum ShapeRule {
     Values { values: String },
     /// A list in the marker document.
     Marker { marker: String },
+    /// gpt-oss's MXFP4 experts: the anchor is `[lead…, N, K/B, B/2]` bytes of F4 pairs, stored
+    /// transposed (spec §6 "Transposed storage"): the stored view is `[lead…, N, K]`, the
+    /// logical shape `[lead…, K, N]`.
+    TransposedBlocks { transposed_blocks: bool },
 }
 
 fn table() -> &'static Table {
@@ -787,6 +791,15 @@ fn build(
                 .ok_or_else(|| format!("{module}: part {values} is missing"))?;
             integers(&arrays[*i], &read(*i)?)?
         }
+        Some(ShapeRule::TransposedBlocks { transposed_blocks }) => {
+            if !transposed_blocks {
+                return Err("the table's transposed_blocks is false, which no layout means".into());
+            }
+            let mut s = stored_view(anchor)?;
+            let n = s.len();
+            s.swap(n - 2, n - 1);
+            s
+        }
         Some(ShapeRule::Marker { marker: k }) => {
             let doc = marker.ok_or("no marker document states the shape")?;
             match doc.get(k) {
@@ -801,6 +814,11 @@ fn build(
             }
         }
     };
+    // The shape an F4 weight part has: the logical one, or the stored view when transposed.
+    let mut f4_shape = shape.clone();
+    if let Some(ShapeRule::TransposedBlocks { .. }) = &c.shape {
+        f4_shape = stored_view(anchor)?;
+    }
     let lookup = Lookup {
         columns: shape.last().copied(),
         ..lookup
@@ -851,7 +869,8 @@ fn build(
             Some(name) => {
                 let d = Dtype::parse(name).map_err(|e| e.to_string())?;
                 if d == Dtype::F4 {
-                    let want = d.byte_len(&shape).ok().flatten();
+                    let shape = &f4_shape;
+                    let want = d.byte_len(shape).ok().flatten();
                     if want != Some(a.length) {
                         return Err(format!(
                             "{} holds {} bytes, not the {} of F4 {:?}",
@@ -950,6 +969,26 @@ fn build(
         ));
     }
     Err(refusals.join("; "))
+}
+
+/// The stored view `[lead…, N, K]` of blocks `[lead…, N, K/B, B/2]` of F4 pairs.
+fn stored_view(anchor: &SourceTensor) -> Result<Vec<u64>, String> {
+    let s = &anchor.shape;
+    if s.len() < 3 {
+        return Err(format!(
+            "{} has rank {}, not [.., N, blocks, bytes]",
+            anchor.key,
+            s.len()
+        ));
+    }
+    let (lead, tail) = s.split_at(s.len() - 2);
+    let k = tail[0]
+        .checked_mul(tail[1])
+        .and_then(|b| b.checked_mul(2))
+        .ok_or("shape overflows")?;
+    let mut view = lead.to_vec();
+    view.push(k);
+    Ok(view)
 }
 
 /// Scheme and params of `rule`.

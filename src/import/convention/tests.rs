@@ -372,3 +372,41 @@ mod arbitrary {
         }
     }
 }
+
+#[test]
+fn gpt_oss_mxfp4_experts_read_as_transformers_transposed_parameters() {
+    // Two experts, N = 4 outputs, K = 64 inputs: blocks [2, 4, 2, 16], scales [2, 4, 2].
+    let config = r#"{"torch_dtype": "bfloat16", "quantization_config": {"quant_method": "mxfp4"}}"#;
+    let items = run(
+        &[
+            (
+                "m.experts.gate_up_proj_blocks",
+                "U8",
+                &[2, 4, 2, 16],
+                vec![0x12; 256],
+            ),
+            (
+                "m.experts.gate_up_proj_scales",
+                "U8",
+                &[2, 4, 2],
+                vec![127; 16],
+            ),
+            ("m.experts.gate_up_proj_bias", "BF16", &[2, 4], vec![0; 16]),
+        ],
+        config,
+        None,
+    )
+    .unwrap();
+    let e = encoded(&items)[0];
+    assert_eq!(
+        (e.key.as_str(), e.scheme.as_str(), &e.shape[..]),
+        ("m.experts.gate_up_proj", "mxfp4", &[2, 64, 4][..])
+    );
+    assert_eq!(e.params.get("transposed"), Some(&Value::Bool(true)));
+    assert_eq!(
+        (&e.parts[0].dtype, &e.parts[0].shape[..]),
+        (&Dtype::F4, &[2, 4, 64][..])
+    );
+    assert_eq!(e.parts[1].dtype, Dtype::F8_E8M0);
+    assert_eq!(items[1], Item::Plain(2));
+}
