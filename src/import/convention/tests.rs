@@ -410,3 +410,66 @@ fn gpt_oss_mxfp4_experts_read_as_transformers_transposed_parameters() {
     assert_eq!(e.parts[1].dtype, Dtype::F8_E8M0);
     assert_eq!(items[1], Item::Plain(2));
 }
+
+/// Conventions whose producers do not install here, read from their documented configs.
+#[test]
+fn compressed_tensors_and_modelopt_configs_pick_their_schemes() {
+    let ct = |format: &str, strategy: &str| {
+        format!(
+            r#"{{"torch_dtype": "bfloat16", "quantization_config": {{"quant_method": "compressed-tensors",
+            "format": "{format}", "config_groups": {{"group_0": {{"weights": {{"num_bits": 8,
+            "strategy": "{strategy}", "symmetric": true}}}}}}}}}}"#
+        )
+    };
+    let fp8 = [
+        ("l.weight", "F8_E4M3", &[4u64, 32][..], vec![0x38; 128]),
+        ("l.weight_scale", "F32", &[4, 1], f32s(&[1.0; 4])),
+        ("l.bias", "BF16", &[4], vec![0; 8]),
+    ];
+    let scheme = |config: &str, spec: &[(&str, &str, &[u64], Vec<u8>)]| {
+        encoded(&run(spec, config, None).unwrap())[0].scheme.clone()
+    };
+    assert_eq!(
+        scheme(&ct("float-quantized", "channel"), &fp8),
+        "fp8.rowwise"
+    );
+    let int8 = [
+        ("l.weight", "I8", &[4u64, 32][..], vec![1; 128]),
+        ("l.weight_scale", "F32", &[4, 1], f32s(&[1.0; 4])),
+        ("l.bias", "BF16", &[4], vec![0; 8]),
+    ];
+    assert_eq!(
+        scheme(&ct("int-quantized", "channel"), &int8),
+        "int8.rowwise"
+    );
+    // A tensor strategy with per-row scales does not fit, and says so.
+    let err = run(&fp8, &ct("float-quantized", "tensor"), None).unwrap_err();
+    assert!(err.contains("l") && err.contains("scale"), "{err}");
+
+    let nvfp4 = [
+        ("l.weight_packed", "U8", &[128u64, 16][..], vec![0x21; 2048]),
+        ("l.weight_scale", "F8_E4M3", &[128, 2], vec![0x38; 256]),
+        ("l.weight_global_scale", "F32", &[1], f32s(&[2.0])),
+        ("l.bias", "BF16", &[128], vec![0; 256]),
+    ];
+    let config = r#"{"torch_dtype": "bfloat16", "quantization_config": {"quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized"}}"#;
+    let items = run(&nvfp4, config, None).unwrap();
+    let e = encoded(&items)[0];
+    assert_eq!((e.key.as_str(), e.scheme.as_str()), ("l.weight", "nvfp4"));
+    assert_eq!(
+        e.params.get("global_scale"),
+        Some(&Value::Text("divide".into()))
+    );
+
+    let mxfp8 = [
+        ("l.weight", "F8_E4M3", &[4u64, 64][..], vec![0x38; 256]),
+        ("l.weight_scale", "U8", &[4, 2], vec![127; 8]),
+        ("l.bias", "BF16", &[4], vec![0; 8]),
+    ];
+    let config = r#"{"quantization_config": {"quant_method": "modelopt", "quant_algo": "MXFP8"}}"#;
+    let items = run(&mxfp8, config, None).unwrap();
+    let e = encoded(&items)[0];
+    assert_eq!(e.scheme, "mxfp8");
+    assert_eq!(e.parts[1].dtype, Dtype::F8_E8M0);
+}
