@@ -14,9 +14,7 @@ use std::process::Command;
 
 use fuse_support::*;
 use tensorfs::extents::{self, ioctl};
-use tensorfs::format::{
-    Body, ClassRef, Component, Config, Dtype, Header, Location, ObjectRef, Tensor, Tree, Value,
-};
+use tensorfs::format::{Body, Dtype, Location, ObjectRef, Tensor};
 use tensorfs::layout::LaneView;
 use tensorfs::store::Store;
 
@@ -77,33 +75,7 @@ fn put_commit(
     chunks: Vec<ObjectRef>,
     tensors: Vec<Tensor>,
 ) -> ObjectRef {
-    let mut config = Config::new();
-    config.insert("model_type".into(), Value::Text("bert".into()));
-    let header = Header {
-        format: "cozytensors/1".into(),
-        chunks,
-        encodings: vec![],
-        pipeline: None,
-        components: vec![Component {
-            name: "model".into(),
-            class: ClassRef {
-                library: "transformers".into(),
-                version: "4.46.0".into(),
-                name: "BertModel".into(),
-            },
-            config,
-            tensors,
-            assets: BTreeMap::new(),
-            config_file: None,
-        }],
-        metadata: Config::new(),
-    };
-    let header_ref = store.put_bytes(&header.to_cbor().unwrap()).unwrap();
-    let tree = Tree {
-        lane: Some("f32".into()),
-        files: BTreeMap::from([("model.cozytensors".to_owned(), header_ref)]),
-    };
-    let commit = store.put_bytes(&tree.to_json()).unwrap();
+    let commit = bert_commit(store, Some("f32"), chunks, vec![], tensors);
     set_repo(
         store,
         repo,

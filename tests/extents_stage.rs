@@ -12,10 +12,7 @@ use tensorfs::extents::stage::{
     HostParts, Segment, SinkError, StageConfig, StageError, StageSink, Stager,
 };
 use tensorfs::extents::{self, Located};
-use tensorfs::format::{
-    Body, ClassRef, Component, Config, Dtype, Encoding, Header, Location, ObjectRef, Part, Tensor,
-    Tree, Value,
-};
+use tensorfs::format::{Body, Dtype, Encoding, Location, ObjectRef, Part, Tensor};
 use tensorfs::io::{BlobReader, BlobReaderConfig};
 use tensorfs::layout::LaneView;
 use tensorfs::store::Store;
@@ -88,36 +85,12 @@ fn commit(store: &Store) -> (ObjectRef, Vec<u8>) {
             },
         },
     ];
-    let mut config = Config::new();
-    config.insert("model_type".into(), Value::Text("bert".into()));
-    let header = Header {
-        format: "cozytensors/1".into(),
-        chunks,
-        encodings: vec![Encoding {
-            scheme: "int8.rowwise".into(),
-            params: BTreeMap::new(),
-        }],
-        pipeline: None,
-        components: vec![Component {
-            name: "model".into(),
-            class: ClassRef {
-                library: "transformers".into(),
-                version: "4.46.0".into(),
-                name: "BertModel".into(),
-            },
-            config,
-            tensors,
-            assets: BTreeMap::new(),
-            config_file: None,
-        }],
-        metadata: Config::new(),
-    };
-    let header = store.put_bytes(&header.to_cbor().unwrap()).unwrap();
-    let tree = Tree {
-        lane: Some("int8".into()),
-        files: BTreeMap::from([("model.cozytensors".to_owned(), header)]),
-    };
-    (store.put_bytes(&tree.to_json()).unwrap(), long)
+    let encodings = vec![Encoding {
+        scheme: "int8.rowwise".into(),
+        params: BTreeMap::new(),
+    }];
+    let commit = fuse_support::bert_commit(store, Some("int8"), chunks, encodings, tensors);
+    (commit, long)
 }
 
 fn lane_view(store: &Store, commit: &ObjectRef) -> LaneView {

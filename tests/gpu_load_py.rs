@@ -10,10 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use fuse_support::*;
-use tensorfs::format::{
-    Body, ClassRef, Component, Config, Dtype, Encoding, Header, Location, Part, Repo, Tensor, Tree,
-    Value,
-};
+use tensorfs::format::{Body, Dtype, Encoding, Location, Part, Repo, Tensor};
 use tensorfs::store::Store;
 
 /// `local/q`, lane `int8`: `w` int8.rowwise ([4, 1024] BF16) whose int8 weight fills chunk 0
@@ -40,65 +37,41 @@ fn encoded_repo(store: &Store) {
         offset,
         length,
     };
-    let mut config = Config::new();
-    config.insert("model_type".into(), Value::Text("bert".into()));
-    let header = Header {
-        format: "cozytensors/1".into(),
-        chunks,
-        encodings: vec![Encoding {
-            scheme: "int8.rowwise".into(),
-            params: BTreeMap::new(),
-        }],
-        pipeline: None,
-        components: vec![Component {
-            name: "model".into(),
-            class: ClassRef {
-                library: "transformers".into(),
-                version: "4.46.0".into(),
-                name: "BertModel".into(),
-            },
-            config,
-            tensors: vec![
-                Tensor {
-                    key: "w".into(),
-                    dtype: Dtype::BF16,
-                    shape: vec![4, 1024],
-                    body: Body::Encoded {
-                        encoding: 0,
-                        parts: vec![
-                            Part {
-                                role: "weight".into(),
-                                dtype: Dtype::I8,
-                                shape: vec![4, 1024],
-                                location: location(0, 0, 4096),
-                            },
-                            Part {
-                                role: "scale".into(),
-                                dtype: Dtype::F32,
-                                shape: vec![4],
-                                location: location(1, 4096, 16),
-                            },
-                        ],
+    let tensors = vec![
+        Tensor {
+            key: "w".into(),
+            dtype: Dtype::BF16,
+            shape: vec![4, 1024],
+            body: Body::Encoded {
+                encoding: 0,
+                parts: vec![
+                    Part {
+                        role: "weight".into(),
+                        dtype: Dtype::I8,
+                        shape: vec![4, 1024],
+                        location: location(0, 0, 4096),
                     },
-                },
-                Tensor {
-                    key: "b".into(),
-                    dtype: Dtype::F32,
-                    shape: vec![16],
-                    body: Body::Plain(location(1, 8192, 64)),
-                },
-            ],
-            assets: BTreeMap::new(),
-            config_file: None,
-        }],
-        metadata: Config::new(),
-    };
-    let header = store.put_bytes(&header.to_cbor().unwrap()).unwrap();
-    let tree = Tree {
-        lane: Some("int8".into()),
-        files: BTreeMap::from([("model.cozytensors".to_owned(), header)]),
-    };
-    let commit = store.put_bytes(&tree.to_json()).unwrap();
+                    Part {
+                        role: "scale".into(),
+                        dtype: Dtype::F32,
+                        shape: vec![4],
+                        location: location(1, 4096, 16),
+                    },
+                ],
+            },
+        },
+        Tensor {
+            key: "b".into(),
+            dtype: Dtype::F32,
+            shape: vec![16],
+            body: Body::Plain(location(1, 8192, 64)),
+        },
+    ];
+    let encodings = vec![Encoding {
+        scheme: "int8.rowwise".into(),
+        params: BTreeMap::new(),
+    }];
+    let commit = bert_commit(store, Some("int8"), chunks, encodings, tensors);
     store
         .update_repo("local/q", |_| Repo {
             name: "local/q".into(),

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tensorfs::format::{
-    Body, ClassRef, Component, Config, Dtype, Header, Location, ObjectRef, Release, Repo, Tensor,
-    Tree, Value,
+    Body, ClassRef, Component, Config, Dtype, Encoding, Header, Location, ObjectRef, Release, Repo,
+    Tensor, Tree, Value,
 };
 use tensorfs::fuse::session::{self, MountConfig, MountHandle};
 use tensorfs::store::Store;
@@ -44,6 +44,45 @@ pub struct TestCommit {
     pub chunks: Vec<ObjectRef>,
     pub tensors: Vec<TestTensor>,
     pub readme: Vec<u8>,
+}
+
+/// Stores a one-component checkpoint (a Transformers BertModel) of `tensors` over `chunks`, with
+/// `encodings`, as a tree of lane `lane`; returns the commit (the tree's object).
+pub fn bert_commit(
+    store: &Store,
+    lane: Option<&str>,
+    chunks: Vec<ObjectRef>,
+    encodings: Vec<Encoding>,
+    tensors: Vec<Tensor>,
+) -> ObjectRef {
+    let mut config = Config::new();
+    config.insert("hidden_size".into(), Value::Uint(1024));
+    config.insert("model_type".into(), Value::Text("bert".into()));
+    let header = Header {
+        format: "cozytensors/1".into(),
+        chunks,
+        encodings,
+        pipeline: None,
+        components: vec![Component {
+            name: "model".into(),
+            class: ClassRef {
+                library: "transformers".into(),
+                version: "4.46.0".into(),
+                name: "BertModel".into(),
+            },
+            config,
+            tensors,
+            assets: BTreeMap::new(),
+            config_file: None,
+        }],
+        metadata: Config::new(),
+    };
+    let header_ref = store.put_bytes(&header.to_cbor().unwrap()).unwrap();
+    let tree = Tree {
+        lane: lane.map(str::to_owned),
+        files: BTreeMap::from([("model.cozytensors".to_owned(), header_ref)]),
+    };
+    store.put_bytes(&tree.to_json()).unwrap()
 }
 
 /// 1.5 MiB + 1 MiB + 2000 bytes of F32/F16 tensors in three chunks: `b.weight` starts 1.5 MiB
