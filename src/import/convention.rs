@@ -21,18 +21,11 @@
 //! real bytes of each part up to [`CHECKED_PART_BYTES`], so an import never stores an encoded
 //! tensor that its decode would refuse for its shape or small parts.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::OnceLock;
-
-use serde::Deserialize;
-
 use super::model::SourceTensor;
 use crate::decode;
 use crate::format::json::{self, Json};
 use crate::format::{Config, Dtype, Value};
-
-/// The table, as the build carries it.
-const TABLE: &str = include_str!("../../fs-layout/conventions.json");
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The safetensors `__metadata__` key where ComfyUI lists its quantized layers
 /// (`{"format_version": "1.0", "layers": {module: <a .comfy_quant document>}}`).
@@ -41,181 +34,6 @@ const COMFY_METADATA: &str = "_quantization_metadata";
 /// Parts up to this size are read from the source to check the encoding; larger ones (weights)
 /// are checked by dtype and length only.
 pub(crate) const CHECKED_PART_BYTES: u64 = 4 << 20;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Table {
-    #[allow(dead_code)]
-    about: String,
-    ignored_marker_keys: Vec<String>,
-    conventions: Vec<Convention>,
-}
-
-/// One convention of the table.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Convention {
-    name: String,
-    producer: String,
-    declared_by: Vec<Declaration>,
-    key: String,
-    anchor_dtypes: Vec<String>,
-    parts: Vec<PartRule>,
-    #[serde(default)]
-    constants: Vec<ConstantRule>,
-    dtype: Option<Expr>,
-    shape: Option<ShapeRule>,
-    encodings: Vec<EncodingRule>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged, deny_unknown_fields)]
-enum Declaration {
-    /// A tensor called `marker` (or `….marker`) anywhere in the component.
-    Marker { marker: String },
-    /// A module's `.comfy_quant` JSON array whose `format` is one of these.
-    ComfyQuant {
-        comfy_quant: Vec<String>,
-        #[serde(default)]
-        with: BTreeMap<String, Vec<serde_json::Value>>,
-    },
-    /// A module's JSON array `<module><state><anything>` (bitsandbytes' quant_state).
-    State {
-        state: String,
-        #[serde(default)]
-        with: BTreeMap<String, Vec<serde_json::Value>>,
-    },
-    /// The component config's `quantization_config` holding these values.
-    Config {
-        config: BTreeMap<String, Vec<serde_json::Value>>,
-    },
-    /// A JSON file of the component folder holding these values.
-    File {
-        file: String,
-        #[serde(rename = "match")]
-        matches: BTreeMap<String, Vec<serde_json::Value>>,
-    },
-    /// The arrays alone may tell this convention.
-    Undeclared { undeclared: bool },
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PartRule {
-    suffix: String,
-    role: String,
-    /// The dtype the part has in the header when the producer stores other bytes of the same
-    /// length (`U8` holding F4 pairs or F8_E8M0 scales).
-    #[serde(rename = "as")]
-    as_dtype: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConstantRule {
-    role: String,
-    dtype: String,
-    value: Expr,
-    if_part: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EncodingRule {
-    scheme: String,
-    #[serde(default)]
-    when: BTreeMap<String, Vec<serde_json::Value>>,
-    #[serde(default)]
-    vars: BTreeMap<String, Expr>,
-    #[serde(default)]
-    params: BTreeMap<String, Expr>,
-}
-
-/// A value: a literal, or looked up.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Expr {
-    Config {
-        config: Keys,
-        #[serde(default)]
-        map: Option<BTreeMap<String, serde_json::Value>>,
-        #[serde(default)]
-        default: Option<serde_json::Value>,
-    },
-    Marker {
-        marker: String,
-        #[serde(default)]
-        default: Option<serde_json::Value>,
-    },
-    HasPart {
-        has_part: String,
-    },
-    Logical {
-        logical: String,
-    },
-    CtPacking {
-        ct_packing: String,
-    },
-    Literal(serde_json::Value),
-}
-
-/// One key, or the first present of several.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Keys {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged, deny_unknown_fields)]
-enum ShapeRule {
-    /// The anchor's shape with its last extent holding codes of this many bits in bytes.
-    AnchorBits { anchor_bits: u64 },
-    /// `[extent of one part, extent of another]`.
-    Extents {
-        rows: (String, usize),
-        cols: (String, usize),
-    },
-    /// The values of an integer part.
-    Values { values: String },
-    /// A list in the marker document.
-    Marker { marker: String },
-    /// gpt-oss's MXFP4 experts: the anchor is `[lead…, N, K/B, B/2]` bytes of F4 pairs, stored
-    /// transposed (spec §6 "Transposed storage"): the stored view is `[lead…, N, K]`, the
-    /// logical shape `[lead…, K, N]`.
-    TransposedBlocks { transposed_blocks: bool },
-}
-
-fn table() -> &'static Table {
-    static TABLE_PARSED: OnceLock<Table> = OnceLock::new();
-    TABLE_PARSED.get_or_init(|| {
-        serde_json::from_str(TABLE).expect("fs-layout/conventions.json is checked by a unit test")
-    })
-}
-
-/// The names `--converter` accepts.
-pub(crate) fn names() -> Vec<&'static str> {
-    table()
-        .conventions
-        .iter()
-        .map(|c| c.name.as_str())
-        .collect()
-}
-
-/// The JSON files of a component folder that may declare a convention.
-pub(crate) fn declaration_files() -> BTreeSet<&'static str> {
-    table()
-        .conventions
-        .iter()
-        .flat_map(|c| &c.declared_by)
-        .filter_map(|d| match d {
-            Declaration::File { file, .. } => Some(file.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
 /// What one source array becomes.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Item {
@@ -1089,269 +907,6 @@ fn check(
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
-
-/// Values read by a convention: the module's marker document, the declaring config.
-struct Lookup<'a> {
-    marker: Option<&'a Json>,
-    config: Option<&'a Json>,
-    roles: &'a BTreeSet<&'a str>,
-    columns: Option<u64>,
-}
-
-impl Lookup<'_> {
-    fn eval(&self, expr: &Expr) -> Result<Json, String> {
-        match expr {
-            Expr::Literal(v) => Ok(from_serde(v)),
-            Expr::HasPart { has_part } => Ok(Json::Bool(self.roles.contains(has_part.as_str()))),
-            Expr::Logical { logical } if logical == "columns" => self
-                .columns
-                .map(Json::Uint)
-                .ok_or_else(|| "the logical shape has no columns".into()),
-            Expr::Logical { logical } => Err(format!("unknown logical value {logical:?}")),
-            Expr::Marker { marker, default } => {
-                let doc = self.marker.ok_or("no marker document")?;
-                match marker_get(doc, marker) {
-                    Some(v) => Ok(v.clone()),
-                    None => default
-                        .as_ref()
-                        .map(from_serde)
-                        .ok_or_else(|| format!("the marker has no {marker:?}")),
-                }
-            }
-            Expr::Config {
-                config,
-                map,
-                default,
-            } => {
-                let keys: Vec<&String> = match config {
-                    Keys::One(k) => vec![k],
-                    Keys::Many(ks) => ks.iter().collect(),
-                };
-                let mut found = None;
-                for k in keys.iter() {
-                    let v = self.config_value(k)?;
-                    if v != Json::Null {
-                        found = Some(v);
-                        break;
-                    }
-                }
-                let v = match (found, default) {
-                    (Some(v), _) => v,
-                    (None, Some(d)) => return Ok(from_serde(d)),
-                    (None, None) => {
-                        return Err(format!(
-                            "the quantization config has no {}",
-                            keys.iter()
-                                .map(|k| k.as_str())
-                                .collect::<Vec<_>>()
-                                .join(" or ")
-                        ))
-                    }
-                };
-                match map {
-                    None => Ok(v),
-                    Some(map) => {
-                        let key = match &v {
-                            Json::Text(t) => t.clone(),
-                            other => format!("{}", JsonShow(other)),
-                        };
-                        map.get(&key).map(from_serde).ok_or_else(|| {
-                            format!(
-                                "{} is {key:?}, not one of {}",
-                                keys[0],
-                                map.keys().cloned().collect::<Vec<_>>().join(", ")
-                            )
-                        })
-                    }
-                }
-            }
-            Expr::CtPacking { ct_packing } => {
-                let bits = match self.config_value(ct_packing)? {
-                    Json::Uint(b) if (1..=8).contains(&b) => b,
-                    other => {
-                        return Err(format!("{ct_packing} is {}, not 1 to 8", JsonShow(&other)))
-                    }
-                };
-                if 32 % bits == 0 {
-                    // Word and dense packing are the same bytes.
-                    return Ok(Json::Text("dense".into()));
-                }
-                // compressed-tensors packs densely from 0.17 on.
-                match self.config_value("version")? {
-                    Json::Text(v) => {
-                        let mut it = v.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
-                        let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-                        let dense = major > 0 || minor >= 17;
-                        Ok(Json::Text(if dense { "dense" } else { "word" }.into()))
-                    }
-                    _ => Err(format!(
-                        "{bits}-bit codes pack differently before and after compressed-tensors \
-                         0.17, and the config states no version"
-                    )),
-                }
-            }
-        }
-    }
-
-    /// A value of the declaring config by dotted path; `*` takes every entry of an object,
-    /// which must agree. `Null` when absent.
-    fn config_value(&self, path: &str) -> Result<Json, String> {
-        let Some(doc) = self.config else {
-            return Ok(Json::Null);
-        };
-        let mut found: Vec<&Json> = vec![doc];
-        for segment in path.split('.') {
-            let mut next = Vec::new();
-            for v in found {
-                if segment == "*" {
-                    if let Json::Object(entries) = v {
-                        next.extend(entries.iter().map(|(_, v)| v));
-                    }
-                } else if let Some(v) = v.get(segment) {
-                    next.push(v);
-                }
-            }
-            found = next;
-        }
-        match found.as_slice() {
-            [] => Ok(Json::Null),
-            [first, rest @ ..] => {
-                if let Some(other) = rest.iter().find(|v| *v != first) {
-                    return Err(format!(
-                        "the quantization config's {path} differs between entries ({} and {}); \
-                         models quantized with several settings are not supported",
-                        JsonShow(first),
-                        JsonShow(other)
-                    ));
-                }
-                Ok((*first).clone())
-            }
-        }
-    }
-}
-
-/// ComfyUI reads a marker key at the top level, then under `params`.
-fn marker_get<'a>(doc: &'a Json, key: &str) -> Option<&'a Json> {
-    doc.get(key)
-        .or_else(|| doc.get("params").and_then(|p| p.get(key)))
-}
-
-/// Every key of a ComfyUI marker must be one the convention reads: an unknown key may change
-/// the decode (spec §6: params are never ignored).
-fn check_marker_keys(c: &Convention, doc: &Json, ignored: &[String]) -> Result<(), String> {
-    let mut read: BTreeSet<&str> = BTreeSet::from(["format", "params"]);
-    let exprs = c
-        .encodings
-        .iter()
-        .flat_map(|rule| rule.params.values().chain(rule.vars.values()))
-        .chain(c.constants.iter().map(|k| &k.value));
-    for e in exprs {
-        if let Expr::Marker { marker, .. } = e {
-            read.insert(marker);
-        }
-    }
-    for d in &c.declared_by {
-        match d {
-            Declaration::ComfyQuant { with, .. } => {
-                read.extend(with.keys().map(String::as_str));
-            }
-            // bitsandbytes' quant_state states what its arrays are; its keys are checked by
-            // the decoder through the values built from them.
-            Declaration::State { .. } => return Ok(()),
-            _ => {}
-        }
-    }
-    let entries = |j: &Json| match j {
-        Json::Object(e) => e.clone(),
-        _ => Vec::new(),
-    };
-    let mut all = entries(doc);
-    if let Some(p) = doc.get("params") {
-        all.extend(entries(p));
-    }
-    for (k, v) in all {
-        if !read.contains(k.as_str()) && !ignored.contains(&k) {
-            return Err(format!(
-                "the marker's {k:?} ({}) is not a key TensorFS reads for {}, so its effect on \
-                 the decode is unknown",
-                JsonShow(&v),
-                c.name
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A marker array's JSON document (U8 or I8 bytes of UTF-8 JSON).
-fn marker_doc(a: &SourceTensor, i: usize, read: &ReadArray<'_>) -> Result<Json, String> {
-    if a.length > 1 << 20 {
-        return Err(format!(
-            "{}: a {} byte marker is too large",
-            a.key, a.length
-        ));
-    }
-    let bytes = read(i)?;
-    // Some producers pad with NULs.
-    let end = bytes.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
-    json::parse(&bytes[..end]).map_err(|e| format!("{}: not a JSON document: {e}", a.key))
-}
-
-/// Whether `doc` holds, at each dotted path, one of the values (`null` for absent).
-fn matches_all(
-    doc: &Json,
-    want: &BTreeMap<String, Vec<serde_json::Value>>,
-) -> Result<bool, String> {
-    for (path, values) in want {
-        let lookup = Lookup {
-            marker: None,
-            config: Some(doc),
-            roles: &BTreeSet::new(),
-            columns: None,
-        };
-        let v = match lookup.config_value(path) {
-            Ok(v) => v,
-            Err(_) => return Ok(false),
-        };
-        if !values.iter().any(|w| json_eq(&v, w)) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-fn json_eq(a: &Json, b: &serde_json::Value) -> bool {
-    *a == from_serde(b)
-}
-
-fn from_serde(v: &serde_json::Value) -> Json {
-    match v {
-        serde_json::Value::Null => Json::Null,
-        serde_json::Value::Bool(b) => Json::Bool(*b),
-        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => Json::Uint(u),
-            (None, Some(i)) => Json::Int(i),
-            _ => Json::Float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        serde_json::Value::String(s) => Json::Text(s.clone()),
-        serde_json::Value::Array(items) => Json::Array(items.iter().map(from_serde).collect()),
-        serde_json::Value::Object(m) => {
-            Json::Object(m.iter().map(|(k, v)| (k.clone(), from_serde(v))).collect())
-        }
-    }
-}
-
-/// A JSON value for messages.
-struct JsonShow<'a>(&'a Json);
-
-impl std::fmt::Display for JsonShow<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match json::canonical(self.0) {
-            Ok(text) => f.write_str(&text),
-            Err(_) => write!(f, "{:?}", self.0),
-        }
-    }
-}
-
 /// A torch dtype name (`float16`, `torch.bfloat16`) as a logical dtype.
 fn torch_dtype(name: &str) -> Option<Dtype> {
     match name.strip_prefix("torch.").unwrap_or(name) {
@@ -1403,6 +958,20 @@ fn logical_dtype(cx: &Context<'_>, arrays: &[SourceTensor]) -> Result<Dtype, Str
     }
 }
 
+/// A marker array's JSON document (U8 or I8 bytes of UTF-8 JSON).
+fn marker_doc(a: &SourceTensor, i: usize, read: &ReadArray<'_>) -> Result<Json, String> {
+    if a.length > 1 << 20 {
+        return Err(format!(
+            "{}: a {} byte marker is too large",
+            a.key, a.length
+        ));
+    }
+    let bytes = read(i)?;
+    // Some producers pad with NULs.
+    let end = bytes.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
+    json::parse(&bytes[..end]).map_err(|e| format!("{}: not a JSON document: {e}", a.key))
+}
+
 /// The little-endian integer values of an I32, I64, U8 … array.
 fn integers(a: &SourceTensor, bytes: &[u8]) -> Result<Vec<u64>, String> {
     let size = match a.dtype {
@@ -1422,6 +991,13 @@ fn integers(a: &SourceTensor, bytes: &[u8]) -> Result<Vec<u64>, String> {
         })
         .collect()
 }
+
+mod lookup;
+mod table;
+
+use lookup::{check_marker_keys, json_eq, matches_all, JsonShow, Lookup};
+pub(crate) use table::{declaration_files, names};
+use table::{table, Convention, Declaration, EncodingRule, PartRule, ShapeRule};
 
 #[cfg(test)]
 mod tests;
