@@ -16,12 +16,17 @@
 //!   origin only), redirects, retries and resumed ranges.
 //! - [`download`] walks commit → tree → header → chunks and assets, admits each object after
 //!   checking its length and SHA-256, and names the commit in the local repo document last.
+//! - [`origin`] is what it needs of an endpoint: the HTTP [`client`], an S3 bucket ([`s3`]) or
+//!   a store directory ([`dir`]) holding the static origin layout (§8).
 //!
-//! Not here yet: uploads from this side, the lazy mount over an endpoint, S3 origins.
+//! Not here yet: the lazy mount over an endpoint.
 
 pub mod client;
+pub mod dir;
 pub mod download;
+pub mod origin;
 pub mod range;
+pub mod s3;
 pub mod serve;
 
 use serde::{Deserialize, Serialize};
