@@ -9,6 +9,7 @@ mod mount;
 mod quantize;
 mod serve;
 mod target;
+mod upload;
 mod verify;
 
 use std::path::PathBuf;
@@ -55,6 +56,8 @@ pub enum Command {
     Serve(serve::Args),
     /// Download a model's commit from an endpoint into the store.
     Download(download::Args),
+    /// Upload a repo's newest commits (every lane, or one) to an endpoint.
+    Upload(upload::Args),
 }
 
 impl Cli {
@@ -137,6 +140,7 @@ pub fn main() -> ExitCode {
         Command::Unmount(args) => mount::unmount(args),
         Command::Serve(args) => serve::run(&cli, args),
         Command::Download(args) => download::run(&cli, args),
+        Command::Upload(args) => upload::run(&cli, args),
     };
     match result {
         Ok(code) => code,

@@ -16,13 +16,22 @@
 //!   origin only), redirects, retries and resumed ranges.
 //! - [`download`] walks commit → tree → header → chunks and assets, admits each object after
 //!   checking its length and SHA-256, and names the commit in the local repo document last.
+//! - [`upload`] sends a local repo's commits the other way: chunks, assets and repo files, then
+//!   headers, then trees, each `HEAD` first so a rerun sends only what is missing; then records
+//!   the commits.
+//! - [`origin`] is what both need of an endpoint: the HTTP [`client`], an S3 bucket ([`s3`]) or
+//!   a store directory ([`dir`]) holding the static origin layout (§8).
 //!
-//! Not here yet: uploads from this side, the lazy mount over an endpoint, S3 origins.
+//! Not here yet: the lazy mount over an endpoint.
 
 pub mod client;
+pub mod dir;
 pub mod download;
+pub mod origin;
 pub mod range;
+pub mod s3;
 pub mod serve;
+pub mod upload;
 
 use serde::{Deserialize, Serialize};
 

@@ -58,6 +58,23 @@ ensure_cargo() {
     command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (rustup) first"
 }
 
+# s3s-fs, the S3 server tests/upload.rs runs against, built once into the dev cache; exports
+# TENSORFS_TEST_S3S. Set TENSORFS_TEST_S3S to an installed binary to skip the build.
+S3S_VERSION=0.14.1
+ensure_s3s() {
+    if [ -n "${TENSORFS_TEST_S3S:-}" ] && [ -x "$TENSORFS_TEST_S3S" ]; then
+        return 0
+    fi
+    local root="$TENSORFS_DEV_CACHE/s3s-$S3S_VERSION"
+    if [ ! -x "$root/bin/s3s-fs" ]; then
+        log "building s3s-fs $S3S_VERSION into $root (once)"
+        ensure_cargo
+        cargo install s3s-fs --version "$S3S_VERSION" --features binary --locked --debug \
+            --root "$root" >&2 || die "cargo install s3s-fs failed"
+    fi
+    export TENSORFS_TEST_S3S="$root/bin/s3s-fs"
+}
+
 build_release() {
     ensure_cargo
     (cd "$TENSORFS_ROOT" && cargo build --release --bin tensorfs)

@@ -3,7 +3,8 @@
 #
 #   tools/test.sh [--no-cargo] [--no-e2e]
 #
-# 1. apt packages fuse3 and attr when missing;
+# 1. apt packages fuse3, attr and nginx (a static origin for tests/upload.rs) when missing;
+#    s3s-fs (an S3 server for tests/upload.rs), built once into ~/.cache/tensorfs-dev;
 # 2. the Python venv (tools/venv.sh, cached in ~/.cache/tensorfs-dev; TENSORFS_VENV=/path uses
 #    an existing one), exported as TENSORFS_TEST_PYTHON for Rust tests that run Python clients;
 # 3. cargo test --release (doc tests, then all targets);
@@ -52,12 +53,14 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 cd "$TENSORFS_ROOT"
-step "apt packages (fuse3, attr)" ensure_apt fuse3:fusermount3 attr:getfattr
+step "apt packages (fuse3, attr, nginx)" ensure_apt fuse3:fusermount3 attr:getfattr nginx:nginx
 py="$("$TENSORFS_ROOT/tools/venv.sh")" || die "tools/venv.sh failed"
 export TENSORFS_TEST_PYTHON="$py"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 log "TENSORFS_TEST_PYTHON=$py"
 ensure_cargo
+step "s3s-fs (the S3 server of tests/upload.rs)" ensure_s3s
+log "TENSORFS_TEST_S3S=$TENSORFS_TEST_S3S"
 
 # Time limits (seconds) so that a hung test fails with its name instead of eating CI's 90 min;
 # `timeout` signals the whole process group (test binaries and mount daemons included).

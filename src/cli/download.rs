@@ -11,8 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::import::human;
 use super::Cli;
 use crate::format::names::split_repo_name;
-use crate::remote::client::{ClientConfig, Endpoint};
 use crate::remote::download::{download, DownloadConfig, Progress, Revision};
+use crate::remote::origin::{self, Access};
 
 /// Arguments of `download`.
 #[derive(Debug, clap::Args)]
@@ -23,7 +23,8 @@ pub struct Args {
     /// The lane; without one, the endpoint picks (a static origin: the release's only lane).
     #[arg(long)]
     pub lane: Option<String>,
-    /// The endpoint: https://…, or http:// on loopback.
+    /// The endpoint: https://…, http:// on loopback, s3://bucket/prefix (AWS_* variables), or
+    /// file:///dir (a store directory).
     #[arg(long, env = "TENSORFS_ENDPOINT", value_name = "URL")]
     pub endpoint: String,
     /// A bearer token, sent to the endpoint's origin only.
@@ -43,7 +44,31 @@ pub struct Args {
 }
 
 /// A progress bar on a terminal, nothing otherwise.
-struct Bar(Option<ProgressBar>);
+pub(super) struct Bar(Option<ProgressBar>);
+
+impl Bar {
+    /// A bar whose line starts with `verb` (`downloading`), shown when stderr is a terminal.
+    pub(super) fn new(verb: &str) -> Bar {
+        Bar(std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template(&format!(
+                    "{{spinner}} {verb} {{bytes}}/{{total_bytes}} {{wide_bar}} {{bytes_per_sec}} \
+                     {{eta}}"
+                ))
+                .expect("a valid template"),
+            );
+            bar
+        }))
+    }
+
+    /// Clears the bar.
+    pub(super) fn finish(&self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
 
 impl Progress for Bar {
     fn start(&self, total_bytes: u64) {
@@ -79,23 +104,9 @@ fn parse_reference(reference: &str) -> anyhow::Result<(String, Revision)> {
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let (name, revision) = parse_reference(&args.reference)?;
-    let endpoint = Arc::new(Endpoint::new(
-        &args.endpoint,
-        args.token.clone(),
-        ClientConfig::default(),
-    )?);
+    let endpoint = origin::open(&args.endpoint, args.token.clone(), Access::Read)?;
     let store = cli.open_store()?;
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} downloading {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} {eta}",
-            )
-            .expect("a valid template"),
-        );
-        bar
-    });
-    let progress = Arc::new(Bar(bar));
+    let progress = Arc::new(Bar::new("downloading"));
     let config = DownloadConfig {
         jobs: args.jobs.max(1),
     };
@@ -111,9 +122,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         &config,
         progress.clone(),
     ));
-    if let Some(bar) = &progress.0 {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     let report = report?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

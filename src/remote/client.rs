@@ -24,6 +24,8 @@ use reqwest::{Method, StatusCode, Url};
 use super::{blob_key, model_key, Resolved, MAX_DOCUMENT_BYTES};
 use crate::format::{ObjectRef, Repo, Sha256};
 
+mod write;
+
 /// The most redirect hops one request follows (§2).
 pub const MAX_REDIRECTS: usize = 5;
 
@@ -109,6 +111,15 @@ pub enum FetchError {
         /// The error.
         #[source]
         source: std::io::Error,
+    },
+    /// The client of an origin that is not HTTP (an S3 bucket, a store directory) failed.
+    #[error("{what}: {source}")]
+    Backend {
+        /// What was asked.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -294,28 +305,7 @@ impl Endpoint {
     /// # Errors
     /// Another failure, or an answer without a length.
     pub async fn length_of(&self, sha256: &Sha256) -> FetchResult<Option<u64>> {
-        let what = format!("HEAD sha256:{sha256}");
-        let url = self.at(&blob_key(sha256));
-        let response = self.ask(Method::HEAD, url, None, &what).await?;
-        match response.status().as_u16() {
-            200 => {}
-            404 | 410 => return Ok(None),
-            status => {
-                return Err(FetchError::Status {
-                    what,
-                    status,
-                    message: String::new(),
-                })
-            }
-        }
-        let length = response
-            .headers()
-            .get(reqwest::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse().ok());
-        length.map(Some).ok_or(FetchError::Protocol {
-            what,
-            why: "no Content-Length".into(),
-        })
+        super::origin::Origin::length_of(self, sha256).await
     }
 
     /// A document (tree, header) read whole into memory and verified against `object`.
@@ -323,26 +313,7 @@ impl Endpoint {
     /// # Errors
     /// Over the 16 MiB document limit, absent, or not the bytes `object` names.
     pub async fn document(&self, object: &ObjectRef) -> FetchResult<Vec<u8>> {
-        let what = format!("object {}", object.id());
-        if object.length > MAX_DOCUMENT_BYTES {
-            return Err(FetchError::Protocol {
-                what,
-                why: format!(
-                    "{} bytes is over the {MAX_DOCUMENT_BYTES}-byte document limit",
-                    object.length
-                ),
-            });
-        }
-        let mut bytes = Vec::with_capacity(object.length as usize);
-        self.fetch(object, &mut bytes, &|_| {}).await?;
-        let found = ObjectRef::of(&bytes);
-        if found != *object {
-            return Err(FetchError::Protocol {
-                what,
-                why: format!("the bytes received are {found}"),
-            });
-        }
-        Ok(bytes)
+        super::origin::Origin::document(self, object).await
     }
 
     /// Streams object `object` into `sink`, resuming after failures; `progress` hears of every

@@ -18,7 +18,8 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Arc;
 
-use super::client::{Endpoint, FetchError, Sink};
+use super::client::{FetchError, Sink};
+use super::origin::Origin;
 use super::{is_local, Resolved, WireRef};
 use crate::format::{FormatError, Header, ObjectRef, Repo, Sha256, Tree};
 use crate::store::{ObjectWriter, Store, StoreError};
@@ -113,7 +114,7 @@ pub type DownloadResult<T> = Result<T, DownloadError>;
 /// See [`DownloadError`]; objects admitted before a failure stay in the store, unnamed.
 pub async fn download(
     store: &Store,
-    endpoint: Arc<Endpoint>,
+    endpoint: Arc<dyn Origin>,
     name: &str,
     revision: &Revision,
     lane: Option<&str>,
@@ -213,7 +214,7 @@ pub async fn download(
 /// A document from the store when it is here, else from the endpoint (verified either way).
 async fn document(
     store: &Store,
-    endpoint: &Endpoint,
+    endpoint: &Arc<dyn Origin>,
     object: &ObjectRef,
 ) -> DownloadResult<Vec<u8>> {
     if store.contains(object) {
@@ -226,7 +227,7 @@ async fn document(
 
 /// The commit `revision` names (see the module doc).
 async fn resolve(
-    endpoint: &Endpoint,
+    endpoint: &Arc<dyn Origin>,
     name: &str,
     revision: &Revision,
     lane: Option<&str>,
@@ -309,7 +310,7 @@ async fn resolve(
 
 /// A commit's resolution read from its tree.
 async fn resolved_commit(
-    endpoint: &Endpoint,
+    endpoint: &Arc<dyn Origin>,
     release: String,
     commit: ObjectRef,
     lane: Option<&str>,
@@ -367,7 +368,7 @@ impl Sink for StoreSink {
 /// Fetches and admits `objects`, `jobs` at a time; the first failure stops the rest.
 async fn fetch_all(
     store: &Store,
-    endpoint: &Arc<Endpoint>,
+    endpoint: &Arc<dyn Origin>,
     objects: &[ObjectRef],
     jobs: usize,
     progress: &Arc<dyn Progress>,
@@ -403,7 +404,7 @@ async fn fetch_all(
 /// Fetches one object and admits it when its length and SHA-256 are right.
 async fn fetch_one(
     store: &Store,
-    endpoint: &Endpoint,
+    endpoint: &Arc<dyn Origin>,
     object: &ObjectRef,
     progress: &dyn Progress,
 ) -> DownloadResult<()> {

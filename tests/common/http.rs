@@ -292,3 +292,200 @@ fn answer(
     }
     out.write_all(body)
 }
+
+/// How a [`Proxy`] misbehaves.
+#[derive(Clone, Debug, Default)]
+pub struct ProxyConfig {
+    /// After this many `PUT`s were passed on, every further `PUT` is answered `500`.
+    pub fail_puts_after: Option<usize>,
+    /// Every `HEAD` of a path holding `/blobs/` is answered `404` without asking the server
+    /// (as if the object were stored while the client looked), so the client's `PUT`s meet
+    /// objects that are there.
+    pub blobs_look_absent: bool,
+}
+
+/// One request a [`Proxy`] saw: method, path, headers (names lowercased), and the status it
+/// answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: BTreeMap<String, String>,
+    pub status: u16,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// A forwarding HTTP/1.1 proxy in front of a server, one request per connection, that records
+/// every request and fails some on demand.
+pub struct Proxy {
+    pub url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// A proxy to `upstream` (`http://host:port`).
+    pub fn start(upstream: &str, config: ProxyConfig) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.trim_start_matches("http://").to_owned();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let puts = Arc::new(Mutex::new(0usize));
+        let (seen2, stop2) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (upstream, seen, config, puts) = (
+                            upstream.clone(),
+                            seen2.clone(),
+                            config.clone(),
+                            puts.clone(),
+                        );
+                        std::thread::spawn(move || {
+                            let _ = forward(stream, &upstream, &seen, &config, &puts);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Proxy {
+            url,
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Every request so far, in the order they arrived.
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// How many requests so far had `method` and a path starting with `prefix`.
+    pub fn count(&self, method: &str, prefix: &str) -> usize {
+        self.requests()
+            .iter()
+            .filter(|s| s.method == method && s.path.starts_with(prefix))
+            .count()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn forward(
+    stream: TcpStream,
+    upstream: &str,
+    seen: &Mutex<Vec<Seen>>,
+    config: &ProxyConfig,
+    puts: &Mutex<usize>,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut first = String::new();
+    reader.read_line(&mut first)?;
+    let mut head = Vec::new();
+    let mut headers = BTreeMap::new();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            let name = name.trim().to_ascii_lowercase();
+            if name == "content-length" {
+                length = value.trim().parse().unwrap_or(0);
+            }
+            if name != "connection" {
+                head.push(line.trim_end().to_owned());
+            }
+            headers.insert(name, value.trim().to_owned());
+        }
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body)?;
+    let mut parts = first.split_whitespace();
+    let (method, path) = (
+        parts.next().unwrap_or("").to_owned(),
+        parts.next().unwrap_or("/").to_owned(),
+    );
+    let mut out = stream;
+    let canned = |status: u16| -> Option<String> {
+        let body = match status {
+            500 => r#"{"error":{"code":"internal","message":"injected failure"}}"#,
+            _ => "",
+        };
+        let reason = if status == 500 {
+            "Internal Server Error"
+        } else {
+            "Not Found"
+        };
+        Some(format!(
+            "HTTP/1.1 {status} {reason}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    let answer = if method == "HEAD" && config.blobs_look_absent && path.contains("/blobs/") {
+        canned(404)
+    } else if method == "PUT" {
+        let mut puts = puts.lock().unwrap();
+        match config.fail_puts_after {
+            Some(limit) if *puts >= limit => canned(500),
+            _ => {
+                *puts += 1;
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let response = match answer {
+        Some(canned) => canned.into_bytes(),
+        None => {
+            let mut up = TcpStream::connect(upstream)?;
+            let mut request = format!("{method} {path} HTTP/1.1\r\n");
+            for line in &head {
+                request.push_str(line);
+                request.push_str("\r\n");
+            }
+            request.push_str("Connection: close\r\n\r\n");
+            up.write_all(request.as_bytes())?;
+            up.write_all(&body)?;
+            let mut response = Vec::new();
+            up.read_to_end(&mut response)?;
+            response
+        }
+    };
+    let status = String::from_utf8_lossy(&response[..response.len().min(64)])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    seen.lock().unwrap().push(Seen {
+        method,
+        path,
+        headers,
+        status,
+    });
+    out.write_all(&response)?;
+    out.flush()
+}

@@ -1,0 +1,224 @@
+//! What the downloader and the uploader need of an endpoint, whatever serves it (distribution.md
+//! §2, §3, §4, §8).
+//!
+//! ```text
+//! Origin ─┬─ Endpoint   https:// (http:// on loopback): a distribution/1 server or a static host
+//!         ├─ S3Origin   s3://bucket/prefix: a bucket holding the store layout (SigV4)
+//!         └─ DirOrigin  file:///dir: a store directory
+//! ```
+//!
+//! - Reading: the resolve route (static origins have none: `None`), a repo document, a blob's
+//!   length, and a blob streamed into a [`Sink`]. Whoever admits received bytes checks their
+//!   length and SHA-256.
+//! - Writing: a blob by `PUT` with `If-None-Match: *` and its SHA-256 (an object present is
+//!   success), and a commit recorded: by the server's commits route, or, without a server, in
+//!   the repo document at `refs/<org>/<name>.json` (§8).
+//!
+//! [`open`] picks the implementation from the URL's scheme.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use reqwest::Url;
+
+use super::client::{ClientConfig, Endpoint, FetchError, FetchResult, Sink};
+use super::dir::DirOrigin;
+use super::s3::S3Origin;
+use super::{Resolved, MAX_DOCUMENT_BYTES};
+use crate::format::{ObjectRef, Repo, Sha256};
+
+/// What a `HEAD` of a blob found (§3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// The endpoint holds an object of this many bytes under the digest.
+    Present {
+        /// Its length.
+        length: u64,
+    },
+    /// The endpoint does not hold it (or does not let the caller see it).
+    Absent {
+        /// Where to `PUT` it instead of the blob URL (a `404`'s `Location`), if the endpoint
+        /// said.
+        put_to: Option<Url>,
+    },
+}
+
+/// How the upload of one object ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// The endpoint took the bytes.
+    Stored,
+    /// The endpoint had the object already (`412`: objects are content-addressed, §3).
+    Present,
+}
+
+/// How recording a commit ended (§4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// The repo names the commit now (`201`).
+    New,
+    /// The repo named it already (`200`).
+    Held,
+}
+
+/// An endpoint seen by the downloader and the uploader (see the module doc).
+#[async_trait::async_trait]
+pub trait Origin: Send + Sync + std::fmt::Debug {
+    /// The endpoint's URL, for messages.
+    fn url(&self) -> &Url;
+
+    /// The commit the resolve route names, or `None` for an endpoint without one (a static
+    /// origin, which the client resolves from its repo document).
+    ///
+    /// # Errors
+    /// No such model, release or lane, or a failure.
+    async fn resolve(
+        &self,
+        name: &str,
+        release: Option<&str>,
+        lane: Option<&str>,
+    ) -> FetchResult<Option<Resolved>>;
+
+    /// The repo document at `refs/<org>/<name>.json`, if any.
+    ///
+    /// # Errors
+    /// A failure, or a document that is not a repo of that name.
+    async fn repo_document(&self, name: &str) -> FetchResult<Option<Repo>>;
+
+    /// Whether the endpoint holds object `sha256`, and where to put it when not.
+    ///
+    /// # Errors
+    /// A failure other than absence.
+    async fn head(&self, sha256: &Sha256) -> FetchResult<Head>;
+
+    /// The length of object `sha256` at the endpoint, or `None` when absent.
+    ///
+    /// # Errors
+    /// A failure other than absence.
+    async fn length_of(&self, sha256: &Sha256) -> FetchResult<Option<u64>> {
+        Ok(match self.head(sha256).await? {
+            Head::Present { length } => Some(length),
+            Head::Absent { .. } => None,
+        })
+    }
+
+    /// Streams `object` into `sink`; `progress` hears of every byte. Exactly `object.length`
+    /// bytes reach the sink; their digest is the caller's to check.
+    ///
+    /// # Errors
+    /// Absent, refused, more bytes than its length, or retries ran out.
+    async fn fetch(
+        &self,
+        object: &ObjectRef,
+        sink: &mut (dyn Sink + Send),
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> FetchResult<()>;
+
+    /// A document (tree, header) read whole into memory and verified against `object`.
+    ///
+    /// # Errors
+    /// Over the 16 MiB document limit (§7), absent, or not the bytes `object` names.
+    async fn document(&self, object: &ObjectRef) -> FetchResult<Vec<u8>> {
+        let what = format!("object {}", object.id());
+        if object.length > MAX_DOCUMENT_BYTES {
+            return Err(FetchError::Protocol {
+                what,
+                why: format!(
+                    "{} bytes is over the {MAX_DOCUMENT_BYTES}-byte document limit",
+                    object.length
+                ),
+            });
+        }
+        let mut bytes = Vec::with_capacity(object.length as usize);
+        self.fetch(object, &mut bytes, &|_| {}).await?;
+        let found = ObjectRef::of(&bytes);
+        if found != *object {
+            return Err(FetchError::Protocol {
+                what,
+                why: format!("the bytes received are {found}"),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Uploads `bytes` as `object` (§3): a `PUT` with its length, `x-amz-checksum-sha256` and
+    /// `If-None-Match: *`, to `put_to` (what a `HEAD` answered) or the blob's own place; then a
+    /// confirming `HEAD` where the endpoint has one. The caller sent the first `HEAD` and
+    /// vouches that `bytes` are `object`'s.
+    ///
+    /// # Errors
+    /// The endpoint refused the bytes, does not hold them afterwards, or failed.
+    async fn put(&self, object: &ObjectRef, bytes: Bytes, put_to: Option<Url>) -> FetchResult<Put>;
+
+    /// Records `commit` (a tree whose closure was uploaded) as a commit of repo `name`, among
+    /// those no release names (§4).
+    ///
+    /// # Errors
+    /// The endpoint refused (its closure is incomplete, no write access) or failed.
+    async fn record(&self, name: &str, commit: &ObjectRef) -> FetchResult<Recorded>;
+}
+
+/// Whether an origin is opened to read only or to write as well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Downloads: a `file://` directory must be a store already.
+    Read,
+    /// Uploads: a `file://` directory is made a store when absent or empty.
+    Write,
+}
+
+/// The origin `url` names: `s3://bucket/prefix` (credentials from the AWS environment
+/// variables), `file:///dir` (a store directory), else an HTTP endpoint with bearer `token`
+/// (`https://`, or `http://` on loopback).
+///
+/// # Errors
+/// The URL is refused, or the origin cannot be opened.
+pub fn open(url: &str, token: Option<String>, access: Access) -> FetchResult<Arc<dyn Origin>> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    Ok(match scheme.map(str::to_ascii_lowercase).as_deref() {
+        Some("s3") => Arc::new(S3Origin::new(url)?),
+        Some("file") => Arc::new(DirOrigin::new(url, access)?),
+        _ => Arc::new(Endpoint::new(url, token, ClientConfig::default())?),
+    })
+}
+
+#[async_trait::async_trait]
+impl Origin for Endpoint {
+    fn url(&self) -> &Url {
+        Endpoint::url(self)
+    }
+
+    async fn resolve(
+        &self,
+        name: &str,
+        release: Option<&str>,
+        lane: Option<&str>,
+    ) -> FetchResult<Option<Resolved>> {
+        Endpoint::resolve(self, name, release, lane).await
+    }
+
+    async fn repo_document(&self, name: &str) -> FetchResult<Option<Repo>> {
+        Endpoint::repo_document(self, name).await
+    }
+
+    async fn head(&self, sha256: &Sha256) -> FetchResult<Head> {
+        Endpoint::head(self, sha256).await
+    }
+
+    async fn fetch(
+        &self,
+        object: &ObjectRef,
+        sink: &mut (dyn Sink + Send),
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> FetchResult<()> {
+        Endpoint::fetch(self, object, sink, progress).await
+    }
+
+    async fn put(&self, object: &ObjectRef, bytes: Bytes, put_to: Option<Url>) -> FetchResult<Put> {
+        Endpoint::put(self, object, bytes, put_to).await
+    }
+
+    async fn record(&self, name: &str, commit: &ObjectRef) -> FetchResult<Recorded> {
+        Endpoint::record(self, name, commit).await
+    }
+}
