@@ -26,7 +26,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "fixtures"))
+sys.path.insert(0, os.path.join(HERE, "e2e"))
 
+from e2e_common import release_build  # noqa: E402
 from fx import bnb, convrot, grouped, micro, scaled  # noqa: E402
 
 # ggml block types: (elements per struct, struct bytes).
@@ -99,6 +101,43 @@ def reference_seconds(case, runs):
     return best
 
 
+def measure(binary, rows, cols, runs, only=""):
+    """Decodes each scheme whose name starts with `only` with the reference and with `binary`
+    (examples/decode_bench.rs, release build); returns one dict per scheme: MB/s of output of
+    the reference, ours on one thread and on every core, and ours ÷ the reference's."""
+    manifests, reference = [], {}
+    with tempfile.TemporaryDirectory(prefix="tensorfs-decode-bench-") as work:
+        for make in cases(rows, cols):
+            case = make()
+            if not case.scheme.startswith(only):
+                continue
+            folder = os.path.join(work, case.scheme)
+            os.makedirs(folder, exist_ok=True)
+            parts = []
+            for i, (role, dt, sh, b) in enumerate(case.parts):
+                name = f"{i}-{role}.bin"
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(bytes(b))
+                parts.append({"role": role, "dtype": dt, "shape": [int(e) for e in sh], "file": name})
+            manifest = os.path.join(folder, "manifest.json")
+            with open(manifest, "w") as f:
+                json.dump({"scheme": case.scheme, "params": case.params, "shape": [int(e) for e in case.shape],
+                           "dtype": "BF16", "parts": parts}, f)
+            manifests.append(manifest)
+            reference[case.scheme] = reference_seconds(case, runs)
+        out = subprocess.run([str(binary), str(runs)] + manifests, check=True, capture_output=True,
+                             text=True).stdout
+    results = []
+    for line in out.splitlines():
+        r = json.loads(line)
+        mb = r["bytes"] / 1e6
+        ref = mb / reference[r["scheme"]]
+        one, all_ = mb / r["one_core_s"], mb / r["all_cores_s"]
+        results.append({"scheme": r["scheme"], "reference_mb_s": ref, "ours_one_core_mb_s": one,
+                        "ours_all_cores_mb_s": all_, "ratio_one_core": one / ref, "ratio_all_cores": all_ / ref})
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1024)
@@ -108,38 +147,8 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    subprocess.run(["cargo", "build", "--release", "--example", "decode_bench"], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    work = tempfile.mkdtemp(prefix="tensorfs-decode-bench-")
-    manifests, reference = [], {}
-    for make in cases(args.rows, args.cols):
-        case = make()
-        if not case.scheme.startswith(args.only):
-            continue
-        folder = os.path.join(work, case.scheme)
-        os.makedirs(folder, exist_ok=True)
-        parts = []
-        for i, (role, dt, sh, b) in enumerate(case.parts):
-            name = f"{i}-{role}.bin"
-            with open(os.path.join(folder, name), "wb") as f:
-                f.write(bytes(b))
-            parts.append({"role": role, "dtype": dt, "shape": [int(e) for e in sh], "file": name})
-        manifest = os.path.join(folder, "manifest.json")
-        with open(manifest, "w") as f:
-            json.dump({"scheme": case.scheme, "params": case.params, "shape": [int(e) for e in case.shape],
-                       "dtype": "BF16", "parts": parts}, f)
-        manifests.append(manifest)
-        reference[case.scheme] = reference_seconds(case, args.runs)
-    binary = os.path.join(REPO, "target", "release", "examples", "decode_bench")
-    out = subprocess.run([binary, str(args.runs)] + manifests, check=True, capture_output=True, text=True).stdout
-    rows = []
-    for line in out.splitlines():
-        r = json.loads(line)
-        mb = r["bytes"] / 1e6
-        ref = mb / reference[r["scheme"]]
-        one, all_ = mb / r["one_core_s"], mb / r["all_cores_s"]
-        rows.append({"scheme": r["scheme"], "reference_mb_s": ref, "ours_one_core_mb_s": one,
-                     "ours_all_cores_mb_s": all_, "ratio_one_core": one / ref, "ratio_all_cores": all_ / ref})
+    binary = release_build(REPO, examples=["decode_bench"]) / "examples" / "decode_bench"
+    rows = measure(binary, args.rows, args.cols, args.runs, args.only)
     print(f"# decode to BF16, {args.rows} x {args.cols} elements ({args.rows * args.cols * 2 / 1e6:.1f} MB out), "
           f"best of {args.runs}; {os.cpu_count()} cores")
     print(f"{'scheme':24} {'reference':>10} {'ours 1 core':>12} {'ours all':>10} {'x 1 core':>9} {'x all':>7}  (MB/s)")

@@ -1,11 +1,12 @@
 //! Chunk I/O backends side by side: `cargo run --release --example io_bench [-- GIB [DIR]]`.
 //!
-//! Writes GIB (default 1) GiB of 64 MiB blobs into DIR (default: a temporary folder under
-//! target/), then reads them with every backend (`pread`, `mmap`, `uring`, `auto`), warm (in the
-//! page cache) and cold (evicted with `posix_fadvise(DONTNEED)`), in batches of sequential
-//! requests of 4 KiB (random offsets), 128 KiB, 1 MiB and 8 MiB. Prints GB/s and the ratio to
-//! `pread` in the same run, as a table and as JSON (`--json`). docs/io.md records a run and the
-//! rule [`Backend::Auto`] follows from it.
+//! Writes GIB GiB (default 1; a fraction such as 0.25 is rounded to whole blobs, at least one)
+//! of 64 MiB blobs into DIR (default: a temporary folder under target/), then reads them with
+//! every backend (`pread`, `mmap`, `uring`, `uring-direct`, `auto`), warm (in the page cache)
+//! and cold (evicted with `posix_fadvise(DONTNEED)`), in batches of sequential requests of 4 KiB
+//! (random offsets), 128 KiB, 1 MiB and 8 MiB. Prints GB/s and the ratio to `pread` in the same
+//! run, as a table and as JSON (`--json`; `tools/bench --only io` runs it so). docs/io.md
+//! records a run and the rule [`Backend::Auto`] follows from it.
 
 use std::fs::File;
 use std::io::Write;
@@ -71,15 +72,15 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
     let mut rest = args.iter().filter(|a| !a.starts_with("--"));
-    let gib: usize = rest
+    let gib: f64 = rest
         .next()
-        .map_or(1, |a| a.parse().expect("GIB is a number"));
+        .map_or(1.0, |a| a.parse().expect("GIB is a number"));
     let dir: PathBuf = rest.next().map_or_else(
         || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/io_bench")),
         PathBuf::from,
     );
     std::fs::create_dir_all(&dir).expect("a folder for the blobs");
-    let count = (gib << 30) / BLOB_BYTES;
+    let count = ((gib * (1u64 << 30) as f64 / BLOB_BYTES as f64).round() as usize).max(1);
     let mut blobs = Vec::new();
     let data: Vec<u8> = (0..BLOB_BYTES as u64)
         .map(|i| ((i * 2654435761) >> 11) as u8)
@@ -134,8 +135,9 @@ fn main() {
         return;
     }
     println!(
-        "{} GiB in {} blobs of 64 MiB; GB/s (ratio to pread)",
-        gib, count
+        "{:.2} GiB in {} blobs of 64 MiB; GB/s (ratio to pread)",
+        (count * BLOB_BYTES) as f64 / (1u64 << 30) as f64,
+        count
     );
     println!(
         "{:<6} {:<14} {:>14} {:>14} {:>14} {:>14} {:>14}",

@@ -17,7 +17,9 @@
 #    lanes byte-exact, `<lane>@decoded` loaded by Transformers, equal to the producer's reading
 #    where bitsandbytes / compressed-tensors are installed),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
-#    exported by `tfs`).
+#    exported by `tfs`);
+# 5. a smoke test of the benchmark command: `tools/bench --quick --no-drop-caches` (64 MiB, one
+#    run, ~1 min): every section runs (gpu: or says "skipped: no GPU") and is in its JSON.
 # Stops at the first failure, naming the step; a step past its time limit fails (the cargo
 # tests: TENSORFS_CARGO_TEST_TIMEOUT_S, default 2700; each e2e script: TENSORFS_E2E_TIMEOUT_S,
 # default 1200). Mounts are always unmounted (each script traps EXIT). Budget on 2 cores:
@@ -90,6 +92,22 @@ if [ $run_e2e = 1 ]; then
     step "compat_check (reference tfs 0.17.2)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/compat_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/compat"
     passed+=("compat")
+    step "tools/bench --quick (every benchmark section runs once, small)" \
+        timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/bench" --quick --no-drop-caches --json "$work/bench.json"
+    step "tools/bench JSON has every section" "$py" - "$work/bench.json" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+want = ["io", "import", "read", "mmap", "safe_open", "rss", "decode", "gpu"]
+sections = report["sections"]
+bad = [s for s in want if sections.get(s, {}).get("status") != "ran"
+       and not (s == "gpu" and sections.get(s, {}).get("reason", "").startswith("skipped: no GPU"))]
+empty = [s for s in want if sections.get(s, {}).get("status") == "ran"
+         and not any(r["section"] == s and r["ours"] is not None for r in report["rows"])]
+if bad or empty or sorted(sections) != sorted(want):
+    sys.exit(f"bench JSON: sections not run: {bad}; without a measured row: {empty}; present: {sorted(sections)}")
+print(f"bench JSON: {len(report['rows'])} rows, sections {', '.join(want)}")
+PY
+    passed+=("bench")
     echo "e2e: ${#passed[@]} passed, 0 failed"
 fi
 log "all green"

@@ -1,8 +1,9 @@
-"""Shared helpers of the end-to-end checks: offline settings, which source files a lane folder
-shows, SHA-256 comparison of folders, tensor comparison of safetensors files, and a small
-PASS/FAIL reporter.
+"""Shared helpers of the end-to-end checks and the benchmarks: offline settings, which source
+files a lane folder shows, SHA-256 comparison of folders, tensor comparison of safetensors files,
+a small PASS/FAIL reporter, the release build, and a `Mount` that always unmounts.
 
-Imported by the scripts beside it (their folder is on sys.path when they run as scripts).
+Imported by the scripts beside it (their folder is on sys.path when they run as scripts) and by
+tools/bench and tools/decode_bench.py.
 """
 
 import hashlib
@@ -360,6 +361,30 @@ def force_unmount(path):
         if shutil.which(cmd[0]):
             subprocess.run(cmd + [str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=60, check=False)
+
+
+def release_build(root, bins=(), examples=(), build=True):
+    """Builds the release `bins` and `examples` of the crate at `root` with cargo (its progress
+    goes to stderr) and returns the folder that holds them, `<target dir>/release`.
+
+    The target directory is cargo's own answer (`cargo metadata`), so CARGO_TARGET_DIR and
+    .cargo/config are honoured; without cargo it is $CARGO_TARGET_DIR, else `root/target`.
+    `build=False` only finds the folder. Raises subprocess.CalledProcessError when cargo fails.
+    """
+    import shutil
+    import subprocess
+
+    root = Path(root)
+    if build:
+        targets = [a for b in bins for a in ("--bin", b)] + [a for e in examples for a in ("--example", e)]
+        subprocess.run(["cargo", "build", "--release", *targets], cwd=root, check=True, stdout=sys.stderr)
+    if shutil.which("cargo"):
+        meta = subprocess.run(["cargo", "metadata", "--no-deps", "--format-version", "1"], cwd=root,
+                              check=True, capture_output=True, text=True).stdout
+        target = Path(json.loads(meta)["target_directory"])
+    else:
+        target = Path(os.environ.get("CARGO_TARGET_DIR") or root / "target")
+    return target / "release"
 
 
 def tail(path, lines=30):
