@@ -109,10 +109,11 @@ pub fn init_logging(default: &str) {
 /// Runs the command line; errors are printed with their causes.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Mount(_)) {
+    if !matches!(cli.command, Command::Mount(_) | Command::Serve(_)) {
         // Like other Unix tools, end quietly when the reader of our output goes away
         // (`tensorfs ls | head`); Rust's default turns that into a panic. The mount daemon keeps
-        // ignoring SIGPIPE: its parent may close the readiness pipe early.
+        // ignoring SIGPIPE: its parent may close the readiness pipe early. So does the server:
+        // a client that hangs up mid-answer makes its next write to the socket raise it.
         // SAFETY: resetting a signal disposition before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
