@@ -643,7 +643,11 @@ fn a_client_that_hangs_up_mid_answer_does_not_stop_the_server() {
         .find_map(|l| l.strip_prefix("SigIgn:"))
         .map(|mask| u64::from_str_radix(mask.trim(), 16).unwrap())
         .unwrap();
-    assert_ne!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE is ignored");
+    assert_ne!(
+        ignored & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "SIGPIPE is ignored"
+    );
     for _ in 0..20 {
         let mut stream = std::net::TcpStream::connect(server.address()).unwrap();
         let head = format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", blob_path(&big));

@@ -73,7 +73,10 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {
-            eprintln!("tensorfs serve at {} ended before the test did: {status}", self.url);
+            eprintln!(
+                "tensorfs serve at {} ended before the test did: {status}",
+                self.url
+            );
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
