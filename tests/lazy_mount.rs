@@ -197,3 +197,71 @@ fn a_static_origin_shows_the_models_named_and_an_unreachable_one_leaves_the_stor
     assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
     drop(m);
 }
+
+/// Unmounts `path` on drop, whatever the test did.
+struct Cleanup(std::path::PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if tensorfs::fuse::session::is_mounted(&self.0) {
+            let _ = tensorfs::fuse::session::unmount(&self.0, true);
+        }
+    }
+}
+
+#[test]
+fn the_mount_verb_takes_an_endpoint_and_keeps_the_token_off_the_command_line() {
+    let origin = Origin::start("verb", 5, Size::Small);
+    let local = origin.local_store("local");
+    let mnt = origin.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _cleanup = Cleanup(mnt.canonicalize().unwrap());
+    let log = origin.dir.path().join("mount.log");
+    let out = common::tensorfs()
+        .arg("--store")
+        .arg(local.root())
+        .arg("mount")
+        .arg(&mnt)
+        .args(["--log-file", log.to_str().unwrap()])
+        .args(["--fetch-deadline", "5s"])
+        .env("TENSORFS_ENDPOINT", &origin.proxy.url)
+        .env("TENSORFS_TOKEN", "s3cret-token")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&origin.proxy.url), "{said}");
+    let pid = said
+        .split("daemon pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    assert!(cmdline.contains("--endpoint"), "{cmdline}");
+    assert!(!cmdline.contains("s3cret-token"), "{cmdline}");
+    let b = origin.mounted(&mnt, "b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    common::ok(local.root(), &["unmount", mnt.to_str().unwrap()]);
+    assert!(!tensorfs::fuse::session::is_mounted(
+        &mnt.canonicalize().unwrap()
+    ));
+    // The daemon says what it fetched as it ends.
+    let ended = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has ended too (its parent, gone, left it to init).
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => true,
+    };
+    fuse_support::wait_for(ended, "the daemon to end");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("fetched 3 objects"), "{log}");
+}
