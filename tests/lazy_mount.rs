@@ -265,3 +265,39 @@ fn the_mount_verb_takes_an_endpoint_and_keeps_the_token_off_the_command_line() {
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("fetched 3 objects"), "{log}");
 }
+
+#[test]
+fn a_model_the_endpoint_publishes_while_mounted_appears() {
+    let origin = Origin::start("early", 6, Size::Small);
+    let local = origin.local_store("local");
+    let m = mount_with(&local, |config| {
+        let mut remote = LazyConfig::new(&origin.proxy.url);
+        remote.refresh_interval = Duration::from_millis(300);
+        config.remote = Some(remote);
+    });
+    assert_eq!(list(&m.path("acme")), ["early"]);
+    let store = Store::open_existing(&origin.root).unwrap();
+    store
+        .update_repo("acme/late", |_| tensorfs::format::Repo {
+            name: "acme/late".into(),
+            releases: vec![],
+            commits: vec![origin.commit],
+        })
+        .unwrap();
+    fuse_support::wait_for(
+        || list(&m.path("acme")) == ["early", "late"],
+        "the new model to show",
+    );
+    let b = m
+        .path("acme/late")
+        .join(origin.commit.sha256.hex())
+        .join(&origin.lane)
+        .join("b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    drop(m);
+    // Both models now name the commit in the store.
+    for name in ["acme/early", "acme/late"] {
+        let repo = local.repo(name).unwrap().expect(name);
+        assert!(repo.roots().any(|c| *c == origin.commit), "{name}");
+    }
+}

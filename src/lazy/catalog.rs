@@ -6,8 +6,9 @@
 //!   the endpoint's newer releases).
 //! - **Their documents.** Each model's repo document (`refs/<org>/<name>.json`); an endpoint
 //!   without one answers the resolve route, whose newest release (or commit) stands in for it.
-//!   They are read at mount and again every
-//!   [`LazyConfig::refresh_interval`](super::LazyConfig::refresh_interval), in the background;
+//!   They are read at mount, then in the background at most every
+//!   [`LazyConfig::refresh_interval`](super::LazyConfig::refresh_interval) while the namespace
+//!   checks its refs (a lookup or listing above the lanes);
 //!   a model the endpoint stops serving keeps what the store names of it. When the endpoint
 //!   cannot be reached, the last list stands (at first: the store's refs alone).
 //! - **Merging.** A model in both shows the endpoint's releases and commits, then the store's
