@@ -48,7 +48,8 @@ pub enum Command {
     Locate(locate::Args),
     /// Re-hash objects: every blob, or the closure of REF; --repair removes damaged ones.
     Verify(verify::Args),
-    /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default).
+    /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default);
+    /// with --endpoint, an endpoint's models too, fetched as they are read.
     Mount(mount::Args),
     /// Unmount a mount point and stop its daemon.
     Unmount(mount::UnmountArgs),
@@ -112,10 +113,11 @@ pub fn init_logging(default: &str) {
 /// Runs the command line; errors are printed with their causes.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Mount(_)) {
+    if !matches!(cli.command, Command::Mount(_) | Command::Serve(_)) {
         // Like other Unix tools, end quietly when the reader of our output goes away
         // (`tensorfs ls | head`); Rust's default turns that into a panic. The mount daemon keeps
-        // ignoring SIGPIPE: its parent may close the readiness pipe early.
+        // ignoring SIGPIPE: its parent may close the readiness pipe early. So does the server:
+        // a client that hangs up mid-answer makes its next write to the socket raise it.
         // SAFETY: resetting a signal disposition before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -149,6 +151,30 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A duration on the command line: seconds (`60`, `1.5`), or a number with `ms`, `s`, `m` or
+/// `h`.
+///
+/// # Errors
+/// Not such a number, or negative.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (60, 60s, 500ms, 2m)"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("{other:?} is not a unit of time (ms, s, m, h)")),
+    };
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// An error and its causes on one line. Messages of this crate already hold their source's

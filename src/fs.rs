@@ -83,6 +83,12 @@ pub struct FsConfig {
     /// `st_blksize` of every file and folder in bytes; readers (Python's `open`) size their
     /// buffers by it. Default 1 MiB.
     pub blksize_bytes: u32,
+    /// Chunks fetched ahead of a reader going through a file in order: when a read starts
+    /// where the handle's previous read ended (within [`SEQUENTIAL_SLACK_BYTES`]), the
+    /// [`ObjectSource`](crate::layout::ObjectSource) hears of the next this many distinct
+    /// chunks of the file's plan. 0 turns it off. Default 2. Only a source that fetches from
+    /// far away (the lazy mount) acts on it.
+    pub prefetch_chunks: usize,
     /// Owner of every file and folder. Default: the process's effective uid.
     pub uid: u32,
     /// Group of every file and folder. Default: the process's effective gid.
@@ -99,11 +105,17 @@ impl Default for FsConfig {
             refs_check_interval: Duration::from_secs(1),
             max_cached_lanes: 256,
             blksize_bytes: 1 << 20,
+            prefetch_chunks: 2,
             uid,
             gid,
         }
     }
 }
+
+/// How far a read may start from where the handle's previous read ended and still count as
+/// going through the file in order (the kernel's readahead sends requests out of order across
+/// its worker threads).
+pub const SEQUENTIAL_SLACK_BYTES: u64 = 4 << 20;
 
 /// Why a commit cannot be shown.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +126,10 @@ pub enum CommitError {
     /// Its lane view cannot be laid out.
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// Its tree or header could not be fetched from where the catalog fetches them (a lazy
+    /// mount's endpoint).
+    #[error(transparent)]
+    Fetch(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Why an operation failed. The errno is decided in one place, [`FsError::errno`].
@@ -193,6 +209,19 @@ pub enum FsError {
 pub type FsResult<T> = Result<T, FsError>;
 
 impl FsError {
+    /// Whether the local store is at fault (an absent or damaged blob, a broken document), so
+    /// the log names the repair; a failure to fetch from an endpoint names its own cause.
+    pub fn is_local_damage(&self) -> bool {
+        match self {
+            FsError::Read { source, .. } => matches!(
+                source.kind(),
+                io::ErrorKind::InvalidData | io::ErrorKind::NotFound | io::ErrorKind::UnexpectedEof
+            ),
+            FsError::Commit { source, .. } => !matches!(source, CommitError::Fetch(_)),
+            _ => false,
+        }
+    }
+
     /// The errno the kernel is answered with.
     pub fn errno(&self) -> i32 {
         match self {

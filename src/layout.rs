@@ -83,6 +83,13 @@ pub trait ObjectSource: Send + Sync {
             .iter_mut()
             .try_for_each(|r| self.read_object(r.object, r.offset, r.buf))
     }
+
+    /// A hint that `objects` will be read soon, in this order (a reader going through a file
+    /// in order). A source whose objects come from far away may start fetching them; the
+    /// default does nothing. Never fails and never waits.
+    fn prefetch(&self, objects: &[ObjectRef]) {
+        let _ = objects;
+    }
 }
 
 /// One range of an object to read.
@@ -141,6 +148,18 @@ impl Content {
             Content::Safetensors(plan) => plan.read_at(source, offset, buf)?,
         }
         Ok(n)
+    }
+}
+
+impl Content {
+    /// The first `count` distinct chunks the file's bytes from `offset` on come from, in file
+    /// order (what a reader going through the file in order reads next). Empty for files
+    /// without chunk ranges; decoded tensors' parts are not followed.
+    pub fn chunks_from(&self, offset: u64, count: usize) -> Vec<ObjectRef> {
+        match self {
+            Content::Safetensors(plan) => plan.chunks_from(offset, count),
+            Content::Object(_) | Content::Inline(_) => Vec::new(),
+        }
     }
 }
 

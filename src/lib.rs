@@ -14,6 +14,7 @@ pub mod gpu;
 pub mod import;
 pub mod io;
 pub mod layout;
+pub mod lazy;
 pub mod quantize;
 pub mod remote;
 pub mod revisions;

@@ -6,6 +6,7 @@
 //! B/v1/models/<org>/<name>/resolve      GET: a release's lane, as JSON             serve::models
 //! B/v1/models/<org>/<name>/commits      POST: record an uploaded tree (--write)    serve::models
 //! B/refs/<org>/<name>.json              GET: the repo document (a static origin)   serve::models
+//! B/v1/models                           GET: the models served (our addition)      serve::models
 //! ```
 //!
 //! - [`serve`] answers these routes from a [`Store`](crate::store::Store): blobs are read through
@@ -14,6 +15,8 @@
 //!   renamed) only when their bytes are the digest the URL names.
 //! - [`client`] is one endpoint seen from a downloader: its origin, its token (sent to that
 //!   origin only), redirects, retries and resumed ranges.
+//! - [`admit`] fetches one object into the store: streamed into the store's writer through a
+//!   bounded buffer, published only when its length and SHA-256 are right.
 //! - [`download`] walks commit → tree → header → chunks and assets, admits each object after
 //!   checking its length and SHA-256, and names the commit in the local repo document last.
 //! - [`upload`] sends a local repo's commits the other way: chunks, assets and repo files, then
@@ -22,8 +25,9 @@
 //! - [`origin`] is what both need of an endpoint: the HTTP [`client`], an S3 bucket ([`s3`]) or
 //!   a store directory ([`dir`]) holding the static origin layout (§8).
 //!
-//! Not here yet: the lazy mount over an endpoint.
+//! The lazy mount over an endpoint is [`crate::lazy`]'s.
 
+pub mod admit;
 pub mod client;
 pub mod dir;
 pub mod download;
@@ -94,6 +98,30 @@ pub struct Resolved {
     /// Why other lanes were passed over.
     #[serde(default)]
     pub reasons: Vec<String>,
+}
+
+/// The answer of `GET v1/models`, this implementation's addition to the protocol: the models
+/// an endpoint serves to the caller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelList {
+    /// The models, by name.
+    pub models: Vec<ModelEntry>,
+}
+
+/// One model of a [`ModelList`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelEntry {
+    /// `<org>/<name>`.
+    pub name: String,
+}
+
+impl ModelList {
+    /// The list of `names`.
+    pub fn of(names: impl IntoIterator<Item = String>) -> ModelList {
+        ModelList {
+            models: names.into_iter().map(|name| ModelEntry { name }).collect(),
+        }
+    }
 }
 
 /// The body of a `POST …/commits` (§4).

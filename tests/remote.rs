@@ -624,3 +624,39 @@ fn a_damaged_blob_is_never_served() {
     assert!(!out.status.success());
     assert!(!local.join("refs/acme/tiny.json").exists());
 }
+
+#[test]
+fn a_client_that_hangs_up_mid_answer_does_not_stop_the_server() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, _) = published_store(dir.path());
+    let big = Store::open_existing(&origin)
+        .unwrap()
+        .put_bytes(&vec![7u8; 16 << 20])
+        .unwrap();
+    let server = Server::start(&origin, &[], &[]);
+    // A write to a connection the peer closed raises SIGPIPE, which kills by default: the
+    // server ignores it (the write then fails with EPIPE, ending that connection only).
+    let status = fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .map(|mask| u64::from_str_radix(mask.trim(), 16).unwrap())
+        .unwrap();
+    assert_ne!(
+        ignored & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "SIGPIPE is ignored"
+    );
+    for _ in 0..20 {
+        let mut stream = std::net::TcpStream::connect(server.address()).unwrap();
+        let head = format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", blob_path(&big));
+        stream.write_all(head.as_bytes()).unwrap();
+        let mut some = [0u8; 4096];
+        stream.read_exact(&mut some).unwrap();
+        drop(stream);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let head = request(server.address(), "HEAD", &blob_path(&big), &[], b"");
+    assert_eq!(head.status, 200, "the server still answers");
+}

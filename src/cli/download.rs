@@ -9,8 +9,9 @@ use anyhow::{anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::import::human;
-use super::Cli;
+use super::{parse_duration, Cli};
 use crate::format::names::split_repo_name;
+use crate::remote::client::ClientConfig;
 use crate::remote::download::{download, DownloadConfig, Progress, Revision};
 use crate::remote::origin::{self, Access};
 
@@ -38,6 +39,10 @@ pub struct Args {
     /// Objects fetched at once.
     #[arg(long, default_value_t = 8)]
     pub jobs: usize,
+    /// How long a transfer may go without a byte received (failed attempts and waits
+    /// included) before the download fails (60, 60s, 500ms, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub fetch_deadline: std::time::Duration,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -104,7 +109,11 @@ fn parse_reference(reference: &str) -> anyhow::Result<(String, Revision)> {
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let (name, revision) = parse_reference(&args.reference)?;
-    let endpoint = origin::open(&args.endpoint, args.token.clone(), Access::Read)?;
+    let config = ClientConfig {
+        deadline: args.fetch_deadline,
+        ..ClientConfig::default()
+    };
+    let endpoint = origin::open(&args.endpoint, args.token.clone(), Access::Read, config)?;
     let store = cli.open_store()?;
     let progress = Arc::new(Bar::new("downloading"));
     let config = DownloadConfig {
@@ -167,5 +176,18 @@ mod tests {
         assert!(parse_reference("acme").is_err());
         assert!(parse_reference("acme/x@").is_err());
         assert!(parse_reference("acme/x@sha256:zz").is_err());
+    }
+
+    #[test]
+    fn durations_read_seconds_and_units() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "-1", "5 days", "1x"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 }

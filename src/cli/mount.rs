@@ -1,4 +1,5 @@
-//! `tensorfs mount MOUNTPOINT [--foreground]` and `tensorfs unmount MOUNTPOINT`.
+//! `tensorfs mount MOUNTPOINT [--foreground] [--endpoint URL]` and
+//! `tensorfs unmount MOUNTPOINT`.
 
 use std::fs::{self, OpenOptions};
 use std::path::PathBuf;
@@ -7,8 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::Cli;
+use super::{parse_duration, Cli};
 use crate::fuse::session::{self, MountConfig};
+use crate::lazy::LazyConfig;
 
 /// Arguments of `mount`.
 #[derive(Debug, clap::Args)]
@@ -25,6 +27,26 @@ pub struct Args {
     /// Where a background daemon logs (default: ~/.local/state/tensorfs/mount.log).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
+    /// Also show the models of this endpoint (https://…, or http:// on loopback); their bytes
+    /// are fetched into the store when first read.
+    #[arg(long, env = "TENSORFS_ENDPOINT", value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// A bearer token for the endpoint, sent to its origin only.
+    #[arg(
+        long,
+        env = "TENSORFS_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// A model of the endpoint to show, as ORG/NAME (repeat for more); an endpoint that lists
+    /// its models (`tensorfs serve`) needs none.
+    #[arg(long = "repo", value_name = "ORG/NAME", requires = "endpoint")]
+    pub repos: Vec<String>,
+    /// How long a transfer from the endpoint may go without a byte received before the read
+    /// waiting for it fails with EIO (60, 60s, 500ms, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub fetch_deadline: Duration,
 }
 
 /// Arguments of `unmount`.
@@ -45,10 +67,17 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         .root()
         .to_path_buf();
     let mountpoint = session::check_mountpoint(&args.mountpoint)?;
+    let remote = args.endpoint.as_ref().map(|endpoint| LazyConfig {
+        token: args.token.clone().filter(|t| !t.is_empty()),
+        repos: args.repos.clone(),
+        fetch_deadline: args.fetch_deadline,
+        ..LazyConfig::new(endpoint.clone())
+    });
     if args.foreground {
         let mut config = MountConfig {
             foreground: true,
             ready_fd: session::ready_fd_from_env(),
+            remote,
             ..MountConfig::new(&store, &mountpoint)
         };
         if let Some(threads) = args.threads {
@@ -79,10 +108,27 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(threads) = args.threads {
         command.arg("--threads").arg(threads.to_string());
     }
+    if let Some(remote) = &remote {
+        command.arg("--endpoint").arg(&remote.endpoint);
+        for repo in &remote.repos {
+            command.arg("--repo").arg(repo);
+        }
+        let deadline = format!("{}ms", remote.fetch_deadline.as_millis());
+        command.arg("--fetch-deadline").arg(deadline);
+        // The token by the environment, never on a command line others can read.
+        match &remote.token {
+            Some(token) => command.env("TENSORFS_TOKEN", token),
+            None => command.env_remove("TENSORFS_TOKEN"),
+        };
+    }
     command.stderr(log_file);
     let pid = session::spawn_background(command, &mountpoint, Duration::from_secs(30))?;
+    let from = match &remote {
+        Some(remote) => format!(" with the models of {}", remote.endpoint),
+        None => String::new(),
+    };
     println!(
-        "mounted {} at {} (daemon pid {pid}, log {}); stop it with `tensorfs unmount {}`",
+        "mounted {}{from} at {} (daemon pid {pid}, log {}); stop it with `tensorfs unmount {}`",
         store.display(),
         mountpoint.display(),
         log.display(),

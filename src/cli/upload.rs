@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::download::Bar;
 use super::import::human;
 use super::Cli;
+use crate::remote::client::ClientConfig;
 use crate::remote::client::FetchError;
 use crate::remote::origin::{self, Access};
 use crate::remote::upload::{upload, UploadConfig, UploadError};
@@ -44,7 +45,12 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let endpoint = origin::open(&args.endpoint, args.token.clone(), Access::Write)?;
+    let endpoint = origin::open(
+        &args.endpoint,
+        args.token.clone(),
+        Access::Write,
+        ClientConfig::default(),
+    )?;
     let store = cli.existing_store()?;
     let progress = Arc::new(Bar::new("uploading"));
     let config = UploadConfig {

@@ -17,6 +17,7 @@ use super::lanes::{self, ChildKind, Lane, LaneCache};
 use super::namespace::Snapshot;
 use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, LaneRef, Opened, XattrReply,
+    SEQUENTIAL_SLACK_BYTES,
 };
 use crate::extents::ioctl::{Command, IoctlError, Query};
 use crate::extents::{FileTensors, LocateError};
@@ -25,6 +26,9 @@ use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{attrs, Content, LaneView, ObjectSource};
 use crate::revisions;
 use crate::store::Store;
+
+/// [`OpenFile::read_end`] before the handle's first read.
+const NO_READ: u64 = u64::MAX;
 
 #[derive(Debug, Default)]
 pub(super) struct RefreshState {
@@ -37,6 +41,9 @@ struct OpenFile {
     lane: LaneRef,
     path: String,
     content: Content,
+    /// Where the handle's last read ended ([`NO_READ`] before the first): a read starting
+    /// near it goes through the file in order, and its next chunks are prefetched.
+    read_end: AtomicU64,
     /// The file's tensors indexed on the first extents query (files never change).
     tensors: OnceLock<Result<Arc<FileTensors>, LocateError>>,
 }
@@ -264,6 +271,7 @@ impl TensorFs {
             lane: lane_ref,
             path: path.clone(),
             content: file.content.clone(),
+            read_end: AtomicU64::new(NO_READ),
             tensors: OnceLock::new(),
         };
         Ok(Opened {
@@ -282,6 +290,7 @@ impl TensorFs {
         let Some(Handle::File(file)) = self.handle(fh) else {
             return Err(FsError::BadHandle(fh));
         };
+        self.prefetch_ahead(&file, offset, buf.len() as u64);
         file.content
             .read_at(self.objects.as_ref(), offset, buf)
             .map_err(|source| {
@@ -293,6 +302,23 @@ impl TensorFs {
                 self.report(format!("{} {}", file.lane.commit.id(), file.path), &err);
                 err
             })
+    }
+
+    /// Tells the object source which chunks come next when this read continues the handle's
+    /// previous one (see [`FsConfig::prefetch_chunks`]): the chunks from the read's end on,
+    /// so the fetch of the next chunk starts while this one is read.
+    fn prefetch_ahead(&self, file: &OpenFile, offset: u64, len: u64) {
+        let end = offset.saturating_add(len);
+        let previous = file.read_end.swap(end, Ordering::Relaxed);
+        let count = self.config.prefetch_chunks;
+        if count == 0 || previous == NO_READ || offset.abs_diff(previous) > SEQUENTIAL_SLACK_BYTES {
+            return;
+        }
+        // The chunk the read ends in, then `count` more.
+        let ahead = file.content.chunks_from(end, count + 1);
+        if !ahead.is_empty() {
+            self.objects.prefetch(&ahead);
+        }
     }
 
     /// The value of extended attribute `name` of `ino`: its size when `size` is 0.

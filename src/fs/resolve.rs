@@ -134,6 +134,9 @@ impl TensorFs {
             return;
         }
         reported.insert(key, now);
-        tracing::error!("{err}; answering EIO; {REPAIR}");
+        match err.is_local_damage() {
+            true => tracing::error!("{err}; answering EIO; {REPAIR}"),
+            false => tracing::error!("{err}; answering EIO"),
+        }
     }
 }

@@ -13,11 +13,12 @@ use crate::fs::LaneRef;
 use crate::layout::{Content, LaneFile, LaneView, ObjectSource, Owner};
 use crate::store::StoreError;
 
-/// Objects in memory; a damaged one fails as `BlobReader` fails.
+/// Objects in memory; a damaged one fails as `BlobReader` fails. Prefetch hints are recorded.
 #[derive(Default)]
 struct MockObjects {
     bytes: Mutex<HashMap<Sha256, Vec<u8>>>,
     damaged: Mutex<HashSet<Sha256>>,
+    prefetched: Mutex<Vec<Vec<ObjectRef>>>,
 }
 
 impl MockObjects {
@@ -43,6 +44,10 @@ impl ObjectSource for MockObjects {
         let start = offset as usize;
         buf.copy_from_slice(&bytes[start..start + buf.len()]);
         Ok(())
+    }
+
+    fn prefetch(&self, objects: &[ObjectRef]) {
+        self.prefetched.lock().unwrap().push(objects.to_vec());
     }
 }
 
@@ -670,6 +675,108 @@ fn an_evicted_lane_is_built_again_and_its_inodes_stay_valid() {
         builds + 2,
         "cached"
     );
+}
+
+/// A weights file of `n` tensors of `len` bytes, each in its own chunk, with its chunks.
+fn chunked_weights(f: &Fixture, n: usize, len: usize) -> (Content, Vec<ObjectRef>) {
+    use crate::format::{Body, ClassRef, Component, Dtype, Location, Tensor, Tree};
+    let chunks: Vec<ObjectRef> = (0..n).map(|i| f.objects.put(&vec![i as u8; len])).collect();
+    const NAMES: [&str; 8] = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"];
+    let tensors = (0..n)
+        .map(|i| Tensor {
+            key: NAMES[i].into(),
+            dtype: Dtype::U8,
+            shape: vec![len as u64],
+            body: Body::Plain(Location {
+                chunk: i as u64,
+                offset: 0,
+                length: len as u64,
+            }),
+        })
+        .collect();
+    let header = Header {
+        chunks: chunks.clone(),
+        components: vec![Component {
+            name: "model".into(),
+            class: ClassRef::default(),
+            config: BTreeMap::new(),
+            tensors,
+            assets: BTreeMap::new(),
+            config_file: None,
+        }],
+        ..empty_header()
+    };
+    let tree = Tree {
+        lane: Some("u8".into()),
+        files: BTreeMap::from([("model.cozytensors".to_owned(), ObjectRef::of(b"header"))]),
+    };
+    let view = LaneView::build(&ObjectRef::of(b"chunked"), &tree, &header).unwrap();
+    let content = view.file("model.safetensors").unwrap().content.clone();
+    (content, chunks)
+}
+
+#[test]
+fn reads_in_order_prefetch_the_next_chunks_and_jumps_do_not() {
+    let f = fixture(FsConfig::default());
+    const MIB: usize = 1 << 20;
+    let (content, chunks) = chunked_weights(&f, 4, 3 * MIB);
+    let commit = f.catalog.commit(
+        "chunked",
+        Some("u8"),
+        Some(vec![("model.safetensors", content.clone())]),
+    );
+    f.catalog.set_repos(vec![Repo {
+        name: "acme/chunked".into(),
+        releases: vec![release("1.0", &[("u8", commit)])],
+        commits: vec![],
+    }]);
+    let ino = walk(&f.fs, "acme/chunked/1.0/u8/model.safetensors")
+        .unwrap()
+        .attr
+        .ino;
+    let prefix = content.size() - 12 * MIB as u64;
+    let fh = f.fs.open(ino, false).unwrap().fh;
+    let mut buf = vec![0u8; MIB];
+    let hints = || f.objects.prefetched.lock().unwrap().clone();
+
+    // A first read is no pattern yet.
+    f.fs.read(fh, 0, &mut buf).unwrap();
+    assert!(hints().is_empty());
+    // The next one continues it: the chunk it ends in and the two after.
+    f.fs.read(fh, MIB as u64, &mut buf).unwrap();
+    assert_eq!(hints(), [chunks[0..3].to_vec()]);
+    // A jump of more than the slack is not in order.
+    f.fs.read(fh, prefix + 9 * MIB as u64, &mut buf).unwrap();
+    assert_eq!(hints().len(), 1);
+    // Going on from there: only what is left of the file.
+    f.fs.read(fh, prefix + 10 * MIB as u64, &mut buf).unwrap();
+    assert_eq!(hints()[1], [chunks[3]]);
+    assert_eq!(buf, vec![3u8; MIB]);
+    // Another handle starts afresh.
+    let other = f.fs.open(ino, false).unwrap().fh;
+    f.fs.read(other, 2 * MIB as u64, &mut buf).unwrap();
+    assert_eq!(hints().len(), 2);
+    // Files without chunks (configs, assets) hint nothing.
+    f.fs.release(fh);
+    f.fs.release(other);
+}
+
+#[test]
+fn remote_failures_name_no_local_repair() {
+    let read = |kind| FsError::Read {
+        commit: "c".into(),
+        path: "p".into(),
+        source: io::Error::new(kind, "x"),
+    };
+    assert!(read(io::ErrorKind::InvalidData).is_local_damage());
+    assert!(read(io::ErrorKind::NotFound).is_local_damage());
+    assert!(!read(io::ErrorKind::TimedOut).is_local_damage());
+    assert!(!read(io::ErrorKind::Other).is_local_damage());
+    let fetch = FsError::Commit {
+        commit: "c".into(),
+        source: CommitError::Fetch("the endpoint is down".into()),
+    };
+    assert!(!fetch.is_local_damage());
 }
 
 #[test]

@@ -32,6 +32,7 @@ pub use super::mountinfo::is_mounted;
 use super::mountinfo::set_read_ahead;
 use super::FuseAdapter;
 use crate::fs::{FsConfig, TensorFs};
+use crate::lazy::{LazyConfig, LazyError, LazyMount};
 use crate::store::{Store, StoreError};
 
 /// The environment variable naming the descriptor a background daemon reports readiness on.
@@ -69,6 +70,9 @@ pub struct MountConfig {
     pub read_ahead_kb: u32,
     /// Namespace settings (TTLs, cache sizes).
     pub fs: FsConfig,
+    /// An endpoint whose models the mount shows too, fetching their bytes when first read
+    /// ([`crate::lazy`]); `None`: the store alone.
+    pub remote: Option<LazyConfig>,
     /// A descriptor to write [`READY_LINE`] (or `error: …`) to once mounted, then close; the
     /// background mode passes 1 (stdout, a pipe to the parent). See [`ready_fd_from_env`].
     pub ready_fd: Option<RawFd>,
@@ -88,6 +92,7 @@ impl MountConfig {
             auto_unmount: root && in_path("fusermount3"),
             read_ahead_kb: 1024,
             fs: FsConfig::default(),
+            remote: None,
             ready_fd: None,
         }
     }
@@ -122,6 +127,9 @@ pub enum MountError {
     /// The store cannot be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The endpoint of a lazy mount is refused, or its transfers cannot start.
+    #[error(transparent)]
+    Remote(#[from] LazyError),
     /// The mount point is a mount whose daemon is gone.
     #[error(
         "{0} is a stale mount (its daemon is gone: \"Transport endpoint is not connected\"); \
@@ -211,7 +219,14 @@ struct Mounted {
 fn start(config: &MountConfig) -> Result<Mounted, MountError> {
     let mountpoint = check_mountpoint(&config.mountpoint)?;
     let store = Store::open_existing(&config.store)?;
-    let fs = Arc::new(TensorFs::over_store(store, config.fs.clone()));
+    let fs = match &config.remote {
+        None => TensorFs::over_store(store, config.fs.clone()),
+        Some(remote) => {
+            let lazy = LazyMount::open(store, remote.clone())?;
+            TensorFs::new(lazy.catalog, lazy.objects, config.fs.clone())
+        }
+    };
+    let fs = Arc::new(fs);
     let mut session = Session::new(FuseAdapter::new(fs), &mountpoint, &config.fuser_config())
         .map_err(|source| MountError::Mount {
             mountpoint: mountpoint.clone(),
@@ -227,11 +242,19 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
             );
         }
     }
-    tracing::info!(
-        "mounted {} at {}",
-        config.store.display(),
-        mountpoint.display()
-    );
+    match &config.remote {
+        None => tracing::info!(
+            "mounted {} at {}",
+            config.store.display(),
+            mountpoint.display()
+        ),
+        Some(remote) => tracing::info!(
+            "mounted {} with the models of {} at {}",
+            config.store.display(),
+            remote.endpoint,
+            mountpoint.display()
+        ),
+    }
     Ok(Mounted {
         session,
         unmounter,

@@ -214,6 +214,27 @@ impl SafetensorsPlan {
         self.decoding.is_some()
     }
 
+    /// The first `count` distinct chunks of the segments from file offset `offset` on, in file
+    /// order (see [`super::Content::chunks_from`]).
+    pub fn chunks_from(&self, offset: u64, count: usize) -> Vec<ObjectRef> {
+        let first = self
+            .segments
+            .partition_point(|s| s.file_offset + s.length <= offset);
+        let mut out: Vec<ObjectRef> = Vec::with_capacity(count);
+        for segment in &self.segments[first..] {
+            if out.len() >= count {
+                break;
+            }
+            if let Source::Chunk { chunk, .. } = segment.source {
+                let chunk = self.chunks[chunk as usize];
+                if !out.contains(&chunk) {
+                    out.push(chunk);
+                }
+            }
+        }
+        out
+    }
+
     /// Fills `buf` (which lies within the file) from `offset`.
     pub(crate) fn read_at(
         &self,

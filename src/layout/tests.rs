@@ -118,6 +118,24 @@ fn a_read_past_the_end_gives_nothing() {
     assert_eq!(content.read_at(&memory, u64::MAX, &mut buf).unwrap(), 0);
 }
 
+#[test]
+fn chunks_from_names_the_chunks_ahead_in_file_order() {
+    let (_, view, expected) = model();
+    let chunks = &view.header.chunks;
+    let content = &view.file("model.safetensors").unwrap().content;
+    let size = expected.len() as u64;
+    assert_eq!(content.chunks_from(0, 5), [chunks[0], chunks[1]]);
+    assert_eq!(content.chunks_from(0, 1), [chunks[0]]);
+    // The last 16 bytes of `b` are chunk 1's.
+    assert_eq!(content.chunks_from(size - 16, 5), [chunks[1]]);
+    assert_eq!(content.chunks_from(size - 17, 5), [chunks[0], chunks[1]]);
+    assert!(content.chunks_from(size, 5).is_empty());
+    assert!(content.chunks_from(0, 0).is_empty());
+    let inline = Content::Inline(b"{}".to_vec().into());
+    assert!(inline.chunks_from(0, 5).is_empty());
+    assert!(Content::Object(chunks[0]).chunks_from(0, 5).is_empty());
+}
+
 /// A view of one component `model` whose weights file holds `n` tensors with long keys.
 fn many_tensors(n: usize) -> LaneView {
     let tensors = (0..n)

@@ -8,15 +8,16 @@
 //! - **Redirects.** Followed by hand, at most [`MAX_REDIRECTS`] hops, each repeating the
 //!   `Range`.
 //! - **Retries.** Transport failures and [`is_weather`] statuses (`408`, `429`, `502`, `503`,
-//!   `504`) are asked again after `Retry-After` or a doubling wait with jitter;
-//!   [`ClientConfig::retries`] attempts in a row that move no byte end it. Other statuses are
-//!   final: a `500` is the server's own failure (a damaged blob), which asking again repeats.
+//!   `504`) are asked again after `Retry-After` or a doubling wait with jitter, until
+//!   [`ClientConfig::deadline`] passes without a byte received; a connection that stalls that
+//!   long is dropped and asked again the same way. Other statuses are final: a `500` is the
+//!   server's own failure (a damaged blob), which asking again repeats.
 //! - **Resumption.** An object's GET that breaks resumes at the byte it reached
 //!   (`Range: bytes=<n>-`); a server that answers `200` instead has its first `n` bytes skipped.
 //!   Bytes go to a [`Sink`]; whoever admits them checks length and SHA-256 (§2).
 
 use std::hash::{BuildHasher, Hasher as _};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::header::{CONTENT_RANGE, LOCATION, RANGE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
@@ -32,22 +33,26 @@ pub const MAX_REDIRECTS: usize = 5;
 /// Settings of a client.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    /// Failed attempts in a row, without a byte moving, before a request fails (default 6).
-    pub retries: u32,
+    /// How long a request may go without a byte received (failed attempts, waits between them
+    /// and stalled connections together) before it fails (default 60 s).
+    pub deadline: Duration,
     /// The first wait between attempts; it doubles up to `max_backoff` (default 250 ms).
     pub backoff: Duration,
     /// The longest wait between attempts, `Retry-After` included (default 20 s).
     pub max_backoff: Duration,
-    /// Connection timeout (default 15 s).
+    /// Connection timeout; never longer than `deadline` (default 15 s).
     pub connect_timeout: Duration,
-    /// How long a read may wait for the next byte (default 60 s).
+    /// How long a read may wait for the next byte; never longer than `deadline` (default 60 s).
     pub read_timeout: Duration,
 }
+
+/// The default of [`ClientConfig::deadline`].
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
-            retries: 6,
+            deadline: DEFAULT_DEADLINE,
             backoff: Duration::from_millis(250),
             max_backoff: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(15),
@@ -85,13 +90,15 @@ pub enum FetchError {
         /// The server's message (its error envelope's, else the start of its body).
         message: String,
     },
-    /// Attempts failed until the retry budget ran out.
-    #[error("{what}: gave up after {attempts} attempts without progress: {last}")]
+    /// Attempts failed until the deadline passed without a byte received.
+    #[error("{what}: gave up after {attempts} attempts and {:.1} s without progress: {last}", .waited.as_secs_f64())]
     GaveUp {
         /// What was asked.
         what: String,
         /// Attempts made in a row without progress.
         attempts: u32,
+        /// How long no byte arrived.
+        waited: Duration,
         /// The last failure.
         last: String,
     },
@@ -167,6 +174,53 @@ enum Attempt {
     Fail(FetchError),
 }
 
+/// The retry budget of one request: failures in a row since the last byte received, and when
+/// that byte came.
+struct Patience {
+    failures: u32,
+    since: Instant,
+}
+
+impl Patience {
+    fn new() -> Patience {
+        Patience {
+            failures: 0,
+            since: Instant::now(),
+        }
+    }
+
+    /// A byte arrived: the budget starts again.
+    fn progressed(&mut self) {
+        self.failures = 0;
+        self.since = Instant::now();
+    }
+
+    /// After a failure: how long to wait before the next attempt, or the error that ends the
+    /// request once the deadline has passed without progress. The last wait ends at the
+    /// deadline, so one attempt is always made there.
+    fn again(
+        &mut self,
+        endpoint: &Endpoint,
+        server_wait: Option<Duration>,
+        what: &str,
+        why: String,
+    ) -> FetchResult<Duration> {
+        self.failures += 1;
+        let waited = self.since.elapsed();
+        let left = endpoint.config.deadline.saturating_sub(waited);
+        if left.is_zero() {
+            return Err(FetchError::GaveUp {
+                what: what.to_owned(),
+                attempts: self.failures,
+                waited,
+                last: why,
+            });
+        }
+        tracing::debug!("{what}: {why}; asking again");
+        Ok(endpoint.wait(self.failures, server_wait).min(left))
+    }
+}
+
 impl Endpoint {
     /// The endpoint at `url`, with a bearer `token` for its origin.
     ///
@@ -190,8 +244,8 @@ impl Endpoint {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(config.connect_timeout)
-            .read_timeout(config.read_timeout)
+            .connect_timeout(config.connect_timeout.min(config.deadline))
+            .read_timeout(config.read_timeout.min(config.deadline))
             .user_agent(concat!("tensorfs/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| refused(&format!("the HTTP client cannot start: {e}")))?;
@@ -206,6 +260,11 @@ impl Endpoint {
     /// The base URL.
     pub fn url(&self) -> &Url {
         &self.base
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
     }
 
     fn at(&self, key: &str) -> Url {
@@ -300,20 +359,104 @@ impl Endpoint {
         Ok(Some(repo))
     }
 
+    /// The models the endpoint serves to this client (`GET v1/models`, this implementation's
+    /// addition), or `None` when it has no such route (another server, a static host).
+    ///
+    /// # Errors
+    /// The server fails, or answers something that is not a model list.
+    pub async fn models(&self) -> FetchResult<Option<Vec<String>>> {
+        let what = "listing the models".to_owned();
+        let (status, body) = self.small(Method::GET, self.at("v1/models"), &what).await?;
+        match status.as_u16() {
+            200 => {}
+            400 | 403 | 404 | 405 | 410 | 501 => return Ok(None),
+            status => {
+                return Err(FetchError::Status {
+                    what,
+                    status,
+                    message: envelope(&body).unwrap_or_else(|| snippet(&body)),
+                })
+            }
+        }
+        let list: super::ModelList =
+            serde_json::from_slice(&body).map_err(|e| FetchError::Protocol {
+                what,
+                why: format!("the answer is not {{\"models\": [{{\"name\"}}]}}: {e}"),
+            })?;
+        Ok(Some(list.models.into_iter().map(|m| m.name).collect()))
+    }
+
     /// The length of object `sha256` at the endpoint (`HEAD`), or `None` when absent.
     ///
     /// # Errors
     /// Another failure, or an answer without a length.
     pub async fn length_of(&self, sha256: &Sha256) -> FetchResult<Option<u64>> {
-        super::origin::Origin::length_of(self, sha256).await
+        let what = format!("HEAD sha256:{sha256}");
+        let url = self.at(&blob_key(sha256));
+        let response = self
+            .ask(Method::HEAD, url, None, &what, &mut Patience::new())
+            .await?;
+        match response.status().as_u16() {
+            200 => {}
+            404 | 410 => return Ok(None),
+            status => {
+                return Err(FetchError::Status {
+                    what,
+                    status,
+                    message: String::new(),
+                })
+            }
+        }
+        let length = response
+            .headers()
+            .get(reqwest::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        length.map(Some).ok_or(FetchError::Protocol {
+            what,
+            why: "no Content-Length".into(),
+        })
     }
 
-    /// A document (tree, header) read whole into memory and verified against `object`.
+    /// A document (tree, header) read whole into memory and verified against `object`; a wrong
+    /// copy is asked for again until the deadline.
     ///
     /// # Errors
     /// Over the 16 MiB document limit, absent, or not the bytes `object` names.
     pub async fn document(&self, object: &ObjectRef) -> FetchResult<Vec<u8>> {
-        super::origin::Origin::document(self, object).await
+        let what = format!("object {}", object.id());
+        if object.length > MAX_DOCUMENT_BYTES {
+            return Err(FetchError::Protocol {
+                what,
+                why: format!(
+                    "{} bytes is over the {MAX_DOCUMENT_BYTES}-byte document limit",
+                    object.length
+                ),
+            });
+        }
+        // A wrong copy (a byte changed on the way) is asked for again until the deadline.
+        let mut first_wrong: Option<Instant> = None;
+        let mut copies = 0;
+        loop {
+            let mut bytes = Vec::with_capacity(object.length as usize);
+            self.fetch(object, &mut bytes, &|_| {}).await?;
+            let found = ObjectRef::of(&bytes);
+            if found == *object {
+                return Ok(bytes);
+            }
+            copies += 1;
+            let since = *first_wrong.get_or_insert_with(Instant::now);
+            let left = self.config.deadline.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Err(FetchError::Protocol {
+                    what,
+                    why: format!(
+                        "{copies} copies received were not its bytes (the last was {found})"
+                    ),
+                });
+            }
+            tracing::debug!("{what}: received {found}, not its bytes; asking again");
+            tokio::time::sleep(self.wait(copies, None).min(left)).await;
+        }
     }
 
     /// Streams object `object` into `sink`, resuming after failures; `progress` hears of every
@@ -331,26 +474,26 @@ impl Endpoint {
         let what = format!("GET {}", object.id());
         let url = self.at(&blob_key(&object.sha256));
         let mut received = 0u64;
-        let mut failures = 0u32;
+        let mut patience = Patience::new();
         while received < object.length {
-            let before = received;
             let attempt = self
-                .fetch_once(object, &url, &mut received, sink, progress, &what)
+                .fetch_once(
+                    object,
+                    &url,
+                    &mut received,
+                    &mut patience,
+                    sink,
+                    progress,
+                    &what,
+                )
                 .await;
             match attempt {
                 Ok(()) => continue,
                 Err(Attempt::Fail(e)) => return Err(e),
                 Err(Attempt::Again { why, wait }) => {
-                    failures = if received > before { 1 } else { failures + 1 };
-                    if failures > self.config.retries {
-                        return Err(FetchError::GaveUp {
-                            what,
-                            attempts: failures,
-                            last: why,
-                        });
-                    }
-                    tracing::debug!("{what}: {why}; asking again from byte {received}");
-                    tokio::time::sleep(self.wait(failures, wait)).await;
+                    let why = format!("{why} (at byte {received})");
+                    let wait = patience.again(self, wait, &what, why)?;
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -358,11 +501,13 @@ impl Endpoint {
     }
 
     /// One GET of `object` from byte `received`, advancing it by what arrives.
+    #[allow(clippy::too_many_arguments)]
     async fn fetch_once(
         &self,
         object: &ObjectRef,
         url: &Url,
         received: &mut u64,
+        patience: &mut Patience,
         sink: &mut (dyn Sink + Send),
         progress: &(dyn Fn(u64) + Sync),
         what: &str,
@@ -419,6 +564,7 @@ impl Endpoint {
                 })
             })?;
             *received += bytes.len() as u64;
+            patience.progressed();
             progress(bytes.len() as u64);
         }
         match *received == object.length {
@@ -464,35 +610,23 @@ impl Endpoint {
         url: Url,
         what: &str,
     ) -> FetchResult<(StatusCode, Vec<u8>)> {
-        let mut failures = 0;
+        let mut patience = Patience::new();
         loop {
-            let response = self.ask(method.clone(), url.clone(), None, what).await?;
+            let response = self
+                .ask(method.clone(), url.clone(), None, what, &mut patience)
+                .await?;
             let status = response.status();
             if is_weather(status.as_u16()) {
                 let wait = retry_after(&response);
-                failures += 1;
-                if failures > self.config.retries {
-                    return Err(FetchError::GaveUp {
-                        what: what.to_owned(),
-                        attempts: failures,
-                        last: status.to_string(),
-                    });
-                }
-                tokio::time::sleep(self.wait(failures, wait)).await;
+                let wait = patience.again(self, wait, what, status.to_string())?;
+                tokio::time::sleep(wait).await;
                 continue;
             }
             match read_limited(response, MAX_DOCUMENT_BYTES as usize).await {
                 Ok(body) => return Ok((status, body)),
                 Err(why) => {
-                    failures += 1;
-                    if failures > self.config.retries {
-                        return Err(FetchError::GaveUp {
-                            what: what.to_owned(),
-                            attempts: failures,
-                            last: why,
-                        });
-                    }
-                    tokio::time::sleep(self.wait(failures, None)).await;
+                    let wait = patience.again(self, None, what, why)?;
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -505,22 +639,15 @@ impl Endpoint {
         url: Url,
         from: Option<u64>,
         what: &str,
+        patience: &mut Patience,
     ) -> FetchResult<reqwest::Response> {
-        let mut failures = 0;
         loop {
             match self.send(method.clone(), url.clone(), from, what).await {
                 Ok(response) => return Ok(response),
                 Err(Attempt::Fail(e)) => return Err(e),
                 Err(Attempt::Again { why, wait }) => {
-                    failures += 1;
-                    if failures > self.config.retries {
-                        return Err(FetchError::GaveUp {
-                            what: what.to_owned(),
-                            attempts: failures,
-                            last: why,
-                        });
-                    }
-                    tokio::time::sleep(self.wait(failures, wait)).await;
+                    let wait = patience.again(self, wait, what, why)?;
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -544,10 +671,20 @@ impl Endpoint {
             if let (true, Some(token)) = (on_origin, &self.token) {
                 request = request.bearer_auth(token);
             }
-            let response = request.send().await.map_err(|e| Attempt::Again {
-                why: transport_error(&e),
-                wait: None,
-            })?;
+            // The read timeout covers a body; this covers a server that never answers.
+            let patience = self.config.read_timeout.min(self.config.deadline);
+            let response = match tokio::time::timeout(patience, request.send()).await {
+                Ok(sent) => sent.map_err(|e| Attempt::Again {
+                    why: transport_error(&e),
+                    wait: None,
+                })?,
+                Err(_) => {
+                    return Err(Attempt::Again {
+                        why: format!("no answer within {:.1} s", patience.as_secs_f64()),
+                        wait: None,
+                    })
+                }
+            };
             let status = response.status().as_u16();
             if !matches!(status, 301 | 302 | 303 | 307 | 308) {
                 return Ok(response);
@@ -577,7 +714,7 @@ impl Endpoint {
 
     /// The wait before attempt `failures + 1`: the server's `Retry-After`, else a doubling
     /// backoff with full jitter in its upper half; never over `max_backoff`.
-    fn wait(&self, failures: u32, server: Option<Duration>) -> Duration {
+    pub(crate) fn wait(&self, failures: u32, server: Option<Duration>) -> Duration {
         if let Some(wait) = server {
             return wait.min(self.config.max_backoff);
         }

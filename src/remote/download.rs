@@ -6,8 +6,9 @@
 //!    without releases gives its newest commit.
 //! 2. The tree, then its header: documents read into memory and verified.
 //! 3. The objects the store lacks (chunks, assets, repo files), [`DownloadConfig::jobs`] at a
-//!    time, each streamed into an [`ObjectWriter`] and admitted only when its length and
-//!    SHA-256 are right. Objects present already are not fetched, so a second run after a
+//!    time, each streamed into the store's writer and admitted only when its length and
+//!    SHA-256 are right ([`super::admit`]; a wrong copy is asked for again until the client's
+//!    deadline). Objects present already are not fetched, so a second run after a
 //!    failure fetches only what is missing.
 //! 4. The header and the tree are admitted, then the repo document names the commit (as the
 //!    release's lane, or among `commits`). Until then nothing names the new objects, so a
@@ -15,14 +16,14 @@
 //!    throughout, so the reference's GC does not sweep objects not yet named.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::sync::Arc;
 
-use super::client::{FetchError, Sink};
+use super::admit::{admit, AdmitError};
+use super::client::FetchError;
 use super::origin::Origin;
 use super::{is_local, Resolved, WireRef};
 use crate::format::{FormatError, Header, ObjectRef, Repo, Sha256, Tree};
-use crate::store::{ObjectWriter, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Which revision of the model to download.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +91,9 @@ pub enum DownloadError {
     /// The local store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Every copy of an object received was other bytes.
+    #[error("{0}")]
+    Mismatch(#[source] AdmitError),
     /// A document fetched breaks the format.
     #[error("{what}: {source}")]
     Format {
@@ -106,6 +110,16 @@ pub enum DownloadError {
 
 /// Result of a download.
 pub type DownloadResult<T> = Result<T, DownloadError>;
+
+impl From<AdmitError> for DownloadError {
+    fn from(e: AdmitError) -> DownloadError {
+        match e {
+            AdmitError::Fetch(e) => DownloadError::Fetch(e),
+            AdmitError::Store(e) => DownloadError::Store(e),
+            e @ AdmitError::Mismatch { .. } => DownloadError::Mismatch(e),
+        }
+    }
+}
 
 /// Downloads revision `revision` (in `lane`) of model `name` from `endpoint` into `store`.
 /// Runs on a multi-threaded tokio runtime (store writes block in place).
@@ -336,35 +350,6 @@ async fn resolved_commit(
     })
 }
 
-/// An object on its way into the store: received bytes gather in a buffer that is written in
-/// pieces, blocking in place.
-struct StoreSink {
-    writer: ObjectWriter,
-    buffer: Vec<u8>,
-}
-
-/// Bytes gathered before one write to the object's temp file.
-const SINK_BUFFER_BYTES: usize = 1 << 20;
-
-impl StoreSink {
-    fn flush(&mut self) -> std::io::Result<()> {
-        let (writer, buffer) = (&mut self.writer, &mut self.buffer);
-        tokio::task::block_in_place(|| writer.write_all(buffer))?;
-        buffer.clear();
-        Ok(())
-    }
-}
-
-impl Sink for StoreSink {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.buffer.extend_from_slice(bytes);
-        if self.buffer.len() >= SINK_BUFFER_BYTES {
-            self.flush()?;
-        }
-        Ok(())
-    }
-}
-
 /// Fetches and admits `objects`, `jobs` at a time; the first failure stops the rest.
 async fn fetch_all(
     store: &Store,
@@ -408,17 +393,7 @@ async fn fetch_one(
     object: &ObjectRef,
     progress: &dyn Progress,
 ) -> DownloadResult<()> {
-    let mut sink = StoreSink {
-        writer: store.writer()?,
-        buffer: Vec::with_capacity(SINK_BUFFER_BYTES.min(object.length as usize)),
-    };
     let heard = |bytes: u64| progress.advance(bytes);
-    endpoint.fetch(object, &mut sink, &heard).await?;
-    sink.flush().map_err(|source| FetchError::Sink {
-        what: format!("GET {}", object.id()),
-        source,
-    })?;
-    let StoreSink { writer, .. } = sink;
-    tokio::task::block_in_place(|| writer.finish(Some(object)))?;
+    admit(store, endpoint.as_ref(), object, &heard).await?;
     Ok(())
 }

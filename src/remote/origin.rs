@@ -67,6 +67,17 @@ pub trait Origin: Send + Sync + std::fmt::Debug {
     /// The endpoint's URL, for messages.
     fn url(&self) -> &Url;
 
+    /// How long a copy with wrong bytes is asked for again before the fetch fails (an HTTP
+    /// endpoint's deadline; zero for storage that hands back what it holds).
+    fn retry_deadline(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
+    /// The wait before asking again after `copies` wrong copies.
+    fn retry_wait(&self, copies: u32) -> std::time::Duration {
+        std::time::Duration::from_millis(100 * u64::from(copies.min(20)))
+    }
+
     /// The commit the resolve route names, or `None` for an endpoint without one (a static
     /// origin, which the client resolves from its repo document).
     ///
@@ -169,16 +180,21 @@ pub enum Access {
 
 /// The origin `url` names: `s3://bucket/prefix` (credentials from the AWS environment
 /// variables), `file:///dir` (a store directory), else an HTTP endpoint with bearer `token`
-/// (`https://`, or `http://` on loopback).
+/// (`https://`, or `http://` on loopback) and `config` (retries, deadline).
 ///
 /// # Errors
 /// The URL is refused, or the origin cannot be opened.
-pub fn open(url: &str, token: Option<String>, access: Access) -> FetchResult<Arc<dyn Origin>> {
+pub fn open(
+    url: &str,
+    token: Option<String>,
+    access: Access,
+    config: ClientConfig,
+) -> FetchResult<Arc<dyn Origin>> {
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     Ok(match scheme.map(str::to_ascii_lowercase).as_deref() {
         Some("s3") => Arc::new(S3Origin::new(url)?),
         Some("file") => Arc::new(DirOrigin::new(url, access)?),
-        _ => Arc::new(Endpoint::new(url, token, ClientConfig::default())?),
+        _ => Arc::new(Endpoint::new(url, token, config)?),
     })
 }
 
@@ -186,6 +202,14 @@ pub fn open(url: &str, token: Option<String>, access: Access) -> FetchResult<Arc
 impl Origin for Endpoint {
     fn url(&self) -> &Url {
         Endpoint::url(self)
+    }
+
+    fn retry_deadline(&self) -> std::time::Duration {
+        self.config().deadline
+    }
+
+    fn retry_wait(&self, copies: u32) -> std::time::Duration {
+        self.wait(copies, None)
     }
 
     async fn resolve(
@@ -203,6 +227,16 @@ impl Origin for Endpoint {
 
     async fn head(&self, sha256: &Sha256) -> FetchResult<Head> {
         Endpoint::head(self, sha256).await
+    }
+
+    async fn length_of(&self, sha256: &Sha256) -> FetchResult<Option<u64>> {
+        Endpoint::length_of(self, sha256).await
+    }
+
+    // A server may hand out a wrong copy on the way (a proxy, a fault): asked for again until
+    // the endpoint's deadline.
+    async fn document(&self, object: &ObjectRef) -> FetchResult<Vec<u8>> {
+        Endpoint::document(self, object).await
     }
 
     async fn fetch(

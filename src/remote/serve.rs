@@ -4,7 +4,7 @@
 //! - this file: [`ServeConfig`], the listener and its shutdown, routing, authorization (§5) and
 //!   the error envelope (§6);
 //! - `blobs`: `GET`/`HEAD` with one range, `PUT` admitted through the store's writer;
-//! - `models`: resolve, commits and repo documents;
+//! - `models`: the model list, resolve, commits and repo documents;
 //! - `visibility`: which objects anonymous callers may read when a token is configured.
 //!
 //! Who may do what:
@@ -220,6 +220,10 @@ impl Server {
                     _ => Err(ApiError::method("GET, HEAD, PUT")),
                 }
             }
+            ["v1", "models"] => match *request.method() {
+                Method::GET => models::list(self, caller).await,
+                _ => Err(ApiError::method("GET")),
+            },
             ["v1", "models", org, name, action @ ("resolve" | "commits")] => {
                 let name = model_name(org, name)?;
                 match (action, request.method()) {

@@ -59,6 +59,11 @@ impl Server {
         server
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `host:port`.
     pub fn address(&self) -> &str {
         self.url.trim_start_matches("http://")
@@ -67,6 +72,12 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            eprintln!(
+                "tensorfs serve at {} ended before the test did: {status}",
+                self.url
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -198,10 +198,17 @@ pub struct Mounted {
 
 /// Mounts `store` on a new folder; fails the test when the mount does not appear within 5 s.
 pub fn mount(store: &Store) -> Mounted {
+    mount_with(store, |_| {})
+}
+
+/// Mounts `store` on a new folder with the settings `adjust` makes; fails the test when the
+/// mount does not appear within 5 s.
+pub fn mount_with(store: &Store, adjust: impl FnOnce(&mut MountConfig)) -> Mounted {
     capture_logs();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
-    let config = MountConfig::new(store.root(), &root);
+    let mut config = MountConfig::new(store.root(), &root);
+    adjust(&mut config);
     let handle = session::spawn(config).expect("mounts");
     wait_for(|| session::is_mounted(&root), "the mount to appear");
     Mounted {

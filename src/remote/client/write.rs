@@ -20,7 +20,7 @@ use reqwest::{Method, RequestBuilder, Url};
 
 use super::{
     check_scheme, envelope, read_limited, transport_error, Attempt, Endpoint, FetchError,
-    FetchResult,
+    FetchResult, Patience,
 };
 use crate::format::{ObjectRef, Sha256};
 use crate::remote::origin::{Head, Put, Recorded};
@@ -38,7 +38,13 @@ impl Endpoint {
     pub async fn head(&self, sha256: &Sha256) -> FetchResult<Head> {
         let what = format!("HEAD sha256:{sha256}");
         let response = self
-            .ask(Method::HEAD, self.at(&blob_key(sha256)), None, &what)
+            .ask(
+                Method::HEAD,
+                self.at(&blob_key(sha256)),
+                None,
+                &what,
+                &mut Patience::new(),
+            )
             .await?;
         match response.status().as_u16() {
             200 => {
@@ -240,28 +246,21 @@ impl Endpoint {
     }
 
     /// Runs `attempt` until it ends in an answer or a final failure, waiting between attempts
-    /// that may pass; [`ClientConfig::retries`](super::ClientConfig) of them in a row fail it.
+    /// that may pass, until [`ClientConfig::deadline`](super::ClientConfig) passes without an
+    /// answer.
     async fn retrying<T, F, A>(&self, what: &str, mut attempt: F) -> FetchResult<T>
     where
         F: FnMut() -> A,
         A: Future<Output = Result<T, Attempt>>,
     {
-        let mut failures = 0;
+        let mut patience = Patience::new();
         loop {
             match attempt().await {
                 Ok(answer) => return Ok(answer),
                 Err(Attempt::Fail(e)) => return Err(e),
                 Err(Attempt::Again { why, wait }) => {
-                    failures += 1;
-                    if failures > self.config.retries {
-                        return Err(FetchError::GaveUp {
-                            what: what.to_owned(),
-                            attempts: failures,
-                            last: why,
-                        });
-                    }
-                    tracing::debug!("{what}: {why}; asking again");
-                    tokio::time::sleep(self.wait(failures, wait)).await;
+                    let pause = patience.again(self, wait, what, why)?;
+                    tokio::time::sleep(pause).await;
                 }
             }
         }

@@ -1,5 +1,8 @@
 //! A model's routes (distribution.md §2, §4) and repo documents (§1, §8).
 //!
+//! - `GET v1/models`: the names of the models the caller may read, `{"models": [{"name"}]}`
+//!   (this server's addition, so a lazy mount can list what an endpoint serves; the protocol
+//!   itself lists nothing).
 //! - `GET v1/models/<org>/<name>/resolve`: `release` (none: the newest) and `lane` name a
 //!   commit. Without a lane, a release with several is chosen from by this server's simple rule,
 //!   not the Hub's `selection.json` table: with `plain=true` only plain lanes (no encoded
@@ -19,7 +22,7 @@ use hyper::{Request, Response, StatusCode};
 
 use super::{empty, json_response, ApiError, Body, Caller, Server};
 use crate::format::{Body as TensorBody, Header, ObjectRef, Repo};
-use crate::remote::{decode_segment, CommitRequest, Resolved, WireRef, LOCAL_ORG};
+use crate::remote::{decode_segment, CommitRequest, ModelList, Resolved, WireRef, LOCAL_ORG};
 use crate::store::{Store, StoreError};
 
 /// The most bytes a commit request's body may have.
@@ -61,6 +64,22 @@ impl Query {
         }
         Ok(out)
     }
+}
+
+/// `GET v1/models`: every repo but `local/` ones; anonymous callers only those with releases.
+pub(super) async fn list(server: &Arc<Server>, caller: Caller) -> Result<Response<Body>, ApiError> {
+    let store = server.store.clone();
+    let repos = tokio::task::spawn_blocking(move || store.repos())
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?;
+    let names = repos
+        .into_iter()
+        .filter(|repo| !crate::remote::is_local(&repo.name))
+        .filter(|repo| caller == Caller::Member || !repo.releases.is_empty())
+        .map(|repo| repo.name);
+    let body = serde_json::to_vec(&ModelList::of(names)).expect("JSON values serialize");
+    Ok(json_response(StatusCode::OK, body))
 }
 
 /// `GET …/resolve`.

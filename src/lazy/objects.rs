@@ -1,0 +1,98 @@
+//! [`FetchingSource`]: the lazy mount's object source. A read first makes its objects present
+//! (fetching the missing ones through the [`Fetcher`], all of a batch at once), then reads
+//! them through a [`BlobReader`], which proves each blob as it proves any other.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::{Arc, RwLock};
+
+use super::Fetcher;
+use crate::format::{ObjectRef, Sha256};
+use crate::io::{BlobReader, BlobReaderConfig};
+use crate::layout::{ObjectRead, ObjectSource};
+use crate::store::Store;
+
+/// Reads objects from the store, fetching the missing ones from the endpoint first.
+#[derive(Debug)]
+pub struct FetchingSource {
+    reader: BlobReader,
+    fetcher: Arc<Fetcher>,
+    /// Objects seen present, so a read costs no `stat` per object.
+    present: RwLock<HashSet<Sha256>>,
+}
+
+impl FetchingSource {
+    /// A source over `store` fetching through `fetcher`.
+    pub fn new(store: Store, fetcher: Arc<Fetcher>) -> FetchingSource {
+        FetchingSource {
+            reader: BlobReader::new(store, BlobReaderConfig::default()),
+            fetcher,
+            present: RwLock::default(),
+        }
+    }
+
+    /// Fetches those of `objects` not known present.
+    fn ensure(&self, objects: &[ObjectRef]) -> io::Result<()> {
+        let missing: Vec<ObjectRef> = {
+            let present = self.present.read().unwrap_or_else(|e| e.into_inner());
+            let mut missing: Vec<ObjectRef> = Vec::new();
+            for object in objects {
+                if !present.contains(&object.sha256) && !missing.contains(object) {
+                    missing.push(*object);
+                }
+            }
+            missing
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        self.fetcher.ensure(&missing).map_err(|e| e.to_io())?;
+        let mut present = self.present.write().unwrap_or_else(|e| e.into_inner());
+        present.extend(missing.iter().map(|o| o.sha256));
+        Ok(())
+    }
+
+    fn forget(&self, objects: &[ObjectRef]) {
+        let mut present = self.present.write().unwrap_or_else(|e| e.into_inner());
+        for object in objects {
+            present.remove(&object.sha256);
+        }
+    }
+}
+
+impl ObjectSource for FetchingSource {
+    fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_objects(&mut [ObjectRead {
+            object,
+            offset,
+            buf,
+        }])
+    }
+
+    fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
+        let objects: Vec<ObjectRef> = reads.iter().map(|r| *r.object).collect();
+        self.ensure(&objects)?;
+        match self.reader.read_objects(reads) {
+            // Removed since it was seen (a repair): fetched again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.forget(&objects);
+                self.ensure(&objects)?;
+                self.reader.read_objects(reads)
+            }
+            result => result,
+        }
+    }
+
+    fn prefetch(&self, objects: &[ObjectRef]) {
+        let present = self.present.read().unwrap_or_else(|e| e.into_inner());
+        let wanted: Vec<ObjectRef> = objects
+            .iter()
+            .filter(|o| !present.contains(&o.sha256))
+            .copied()
+            .collect();
+        drop(present);
+        if !wanted.is_empty() {
+            self.fetcher.prefetch(&wanted);
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The lazy mount over `tensorfs serve` on loopback (real FUSE mounts, each in a guard that
+//! unmounts on drop): the endpoint's models listed without their weights, a component read
+//! fetching only its chunks, one fetch however many readers wait, and the fetched files served
+//! offline by a later mount without the endpoint.
+
+mod common;
+mod fuse_support;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/origin.rs"]
+mod origin;
+#[path = "common/proxy.rs"]
+mod proxy;
+
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use fuse_support::{list, mount, mount_with, Mounted};
+use origin::{store_is_clean, Origin, Size};
+use proxy::{Fault, Rule};
+use tensorfs::lazy::LazyConfig;
+use tensorfs::store::Store;
+
+/// A lazy mount of `store` over `url`.
+fn lazy_mount(store: &Store, url: &str, deadline: Duration) -> Mounted {
+    mount_with(store, |config| {
+        let mut remote = LazyConfig::new(url);
+        remote.fetch_deadline = deadline;
+        config.remote = Some(remote);
+    })
+}
+
+fn errno(result: std::io::Result<impl Sized>) -> i32 {
+    result
+        .err()
+        .and_then(|e| e.raw_os_error())
+        .expect("an OS error")
+}
+
+#[test]
+fn the_endpoints_models_list_and_one_component_fetches_only_its_chunks() {
+    let origin = Origin::start("lazy", 1, Size::Large);
+    let local = origin.local_store("local");
+    let m = lazy_mount(&local, &origin.proxy.url, Duration::from_secs(30));
+
+    assert_eq!(list(&m.root), ["acme"]);
+    assert_eq!(list(&m.path("acme")), ["lazy"]);
+    let mut revisions = vec![
+        "1.0".to_owned(),
+        "latest".to_owned(),
+        origin.commit.sha256.hex(),
+    ];
+    revisions.sort();
+    assert_eq!(list(&m.path("acme/lazy")), revisions);
+    assert_eq!(
+        origin.proxy.blob_bytes(),
+        0,
+        "listing repos fetches no blob"
+    );
+
+    // Reading component b: the tree, the header and b's chunk, nothing of a.
+    let b = origin.mounted(&m.root, "b.safetensors");
+    let started = Instant::now();
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    let elapsed = started.elapsed();
+    let fetched = origin.proxy.blob_bytes();
+    let expected: u64 = origin.chunks["b.safetensors"]
+        .iter()
+        .chain([&origin.commit, &origin.header])
+        .map(|o| o.length)
+        .sum();
+    let model: u64 = origin.closure().iter().map(|o| o.length).sum();
+    println!(
+        "component b: {fetched} of the model's {model} bytes fetched ({:.1} %) in {elapsed:?}",
+        100.0 * fetched as f64 / model as f64
+    );
+    assert_eq!(fetched, expected);
+    for chunk in &origin.chunks["a.safetensors"] {
+        assert_eq!(origin.proxy.gets(&chunk.sha256.hex()), 0);
+        assert!(!local.contains(chunk));
+    }
+
+    // Then a (three chunks, read in order): the whole model, each object once.
+    let a = origin.mounted(&m.root, "a.safetensors");
+    assert_eq!(std::fs::read(&a).unwrap(), origin.files["a.safetensors"]);
+    assert_eq!(origin.proxy.blob_bytes(), model);
+    for object in origin.closure() {
+        assert_eq!(origin.proxy.gets(&object.sha256.hex()), 1, "{object}");
+        assert!(local.contains(&object));
+    }
+    // Read again: from the store and the page cache, nothing fetched.
+    origin.proxy.forget();
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    assert!(origin
+        .proxy
+        .seen()
+        .iter()
+        .all(|s| !s.path.starts_with("/blobs/")));
+    m.unmount();
+    store_is_clean(&local);
+}
+
+#[test]
+fn concurrent_readers_of_one_chunk_cause_one_fetch() {
+    let origin = Origin::start("crowd", 2, Size::Small);
+    let local = origin.local_store("local");
+    let chunk = origin.chunks["a.safetensors"][0];
+    // Slow, so every reader arrives while the fetch is under way.
+    origin.proxy.add(Rule::always(
+        &chunk.sha256.hex(),
+        Fault::Delay(Duration::from_millis(700)),
+    ));
+    let m = lazy_mount(&local, &origin.proxy.url, Duration::from_secs(30));
+    let path = origin.mounted(&m.root, "a.safetensors");
+    let expected = &origin.files["a.safetensors"];
+    // Look the lane up first, so the readers race for the chunk only.
+    std::fs::metadata(&path).unwrap();
+    let readers: Vec<_> = (0..8u64)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let file = std::fs::File::open(&path).unwrap();
+                let offset = 4096 + i * 200_000;
+                let mut buf = vec![0u8; 4096];
+                file.read_exact_at(&mut buf, offset).unwrap();
+                (offset, buf)
+            })
+        })
+        .collect();
+    for reader in readers {
+        let (offset, buf) = reader.join().unwrap();
+        assert_eq!(buf, expected[offset as usize..offset as usize + 4096]);
+    }
+    assert_eq!(origin.proxy.gets(&chunk.sha256.hex()), 1, "one fetch");
+    drop(m);
+    store_is_clean(&local);
+}
+
+#[test]
+fn after_unmount_a_mount_without_the_endpoint_serves_what_was_fetched() {
+    let origin = Origin::start("offline", 3, Size::Small);
+    let local = origin.local_store("local");
+    let m = lazy_mount(&local, &origin.proxy.url, Duration::from_secs(30));
+    let b = origin.mounted(&m.root, "b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    m.unmount();
+
+    // The store names the commit as the endpoint does, and holds what was read.
+    let repo = local
+        .repo(&origin.name)
+        .unwrap()
+        .expect("the commit is named");
+    assert_eq!(repo.releases.len(), 1);
+    assert_eq!(repo.releases[0].lanes[&origin.lane], origin.commit);
+
+    let offline = mount(&local);
+    assert_eq!(list(&offline.root), ["acme"]);
+    let b = origin.mounted(&offline.root, "b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    // What was never read is not there.
+    let a = origin.mounted(&offline.root, "a.safetensors");
+    assert_eq!(errno(std::fs::read(&a)), libc::EIO);
+    drop(offline);
+
+    // With the endpoint again, the rest is fetched.
+    let m = lazy_mount(&local, &origin.proxy.url, Duration::from_secs(30));
+    let a = origin.mounted(&m.root, "a.safetensors");
+    assert_eq!(std::fs::read(&a).unwrap(), origin.files["a.safetensors"]);
+    drop(m);
+    store_is_clean(&local);
+}
+
+#[test]
+fn a_static_origin_shows_the_models_named_and_an_unreachable_one_leaves_the_store() {
+    let origin = Origin::start("named", 4, Size::Small);
+    let local = origin.local_store("local");
+    // A static host lists nothing: the model is named on the command line.
+    let statics = http::StaticOrigin::start(&origin.root, http::StaticConfig::default());
+    let m = mount_with(&local, |config| {
+        let mut remote = LazyConfig::new(&statics.url);
+        remote.repos = vec![origin.name.clone()];
+        config.remote = Some(remote);
+    });
+    assert_eq!(list(&m.path("acme")), ["named"]);
+    let b = origin.mounted(&m.root, "b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    drop(m);
+
+    // An endpoint nobody answers: the mount comes up with the store's refs.
+    let m = mount_with(&local, |config| {
+        let mut remote = LazyConfig::new("http://127.0.0.1:9");
+        remote.startup_wait = Duration::from_secs(2);
+        remote.fetch_deadline = Duration::from_secs(1);
+        config.remote = Some(remote);
+    });
+    let b = origin.mounted(&m.root, "b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    drop(m);
+}
+
+/// Unmounts `path` on drop, whatever the test did.
+struct Cleanup(std::path::PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if tensorfs::fuse::session::is_mounted(&self.0) {
+            let _ = tensorfs::fuse::session::unmount(&self.0, true);
+        }
+    }
+}
+
+#[test]
+fn the_mount_verb_takes_an_endpoint_and_keeps_the_token_off_the_command_line() {
+    let origin = Origin::start("verb", 5, Size::Small);
+    let local = origin.local_store("local");
+    let mnt = origin.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _cleanup = Cleanup(mnt.canonicalize().unwrap());
+    let log = origin.dir.path().join("mount.log");
+    let out = common::tensorfs()
+        .arg("--store")
+        .arg(local.root())
+        .arg("mount")
+        .arg(&mnt)
+        .args(["--log-file", log.to_str().unwrap()])
+        .args(["--fetch-deadline", "5s"])
+        .env("TENSORFS_ENDPOINT", &origin.proxy.url)
+        .env("TENSORFS_TOKEN", "s3cret-token")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&origin.proxy.url), "{said}");
+    let pid = said
+        .split("daemon pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    assert!(cmdline.contains("--endpoint"), "{cmdline}");
+    assert!(!cmdline.contains("s3cret-token"), "{cmdline}");
+    let b = origin.mounted(&mnt, "b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    common::ok(local.root(), &["unmount", mnt.to_str().unwrap()]);
+    assert!(!tensorfs::fuse::session::is_mounted(
+        &mnt.canonicalize().unwrap()
+    ));
+    // The daemon says what it fetched as it ends.
+    let ended = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has ended too (its parent, gone, left it to init).
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => true,
+    };
+    fuse_support::wait_for(ended, "the daemon to end");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("fetched 3 objects"), "{log}");
+}
+
+#[test]
+fn a_model_the_endpoint_publishes_while_mounted_appears() {
+    let origin = Origin::start("early", 6, Size::Small);
+    let local = origin.local_store("local");
+    let m = mount_with(&local, |config| {
+        let mut remote = LazyConfig::new(&origin.proxy.url);
+        remote.refresh_interval = Duration::from_millis(300);
+        config.remote = Some(remote);
+    });
+    assert_eq!(list(&m.path("acme")), ["early"]);
+    let store = Store::open_existing(&origin.root).unwrap();
+    store
+        .update_repo("acme/late", |_| tensorfs::format::Repo {
+            name: "acme/late".into(),
+            releases: vec![],
+            commits: vec![origin.commit],
+        })
+        .unwrap();
+    fuse_support::wait_for(
+        || list(&m.path("acme")) == ["early", "late"],
+        "the new model to show",
+    );
+    let b = m
+        .path("acme/late")
+        .join(origin.commit.sha256.hex())
+        .join(&origin.lane)
+        .join("b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    drop(m);
+    // Both models now name the commit in the store.
+    for name in ["acme/early", "acme/late"] {
+        let repo = local.repo(name).unwrap().expect(name);
+        assert!(repo.roots().any(|c| *c == origin.commit), "{name}");
+    }
+}
