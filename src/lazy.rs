@@ -45,7 +45,8 @@ pub use catalog::RemoteCatalog;
 pub use fetcher::{FetchFailed, Fetcher, FetcherStats};
 pub use objects::FetchingSource;
 
-use crate::remote::client::{ClientConfig, Endpoint, FetchError};
+use crate::remote::client::{ClientConfig, FetchError};
+use crate::remote::origin::{self, Access};
 use crate::store::Store;
 
 /// How long a failed fetch answers readers at once before the next read asks again.
@@ -150,11 +151,7 @@ impl LazyMount {
             max_backoff: Duration::from_secs(2).min(config.fetch_deadline),
             ..ClientConfig::default()
         };
-        let endpoint = Arc::new(Endpoint::new(
-            &config.endpoint,
-            config.token.clone(),
-            client,
-        )?);
+        let endpoint = origin::open(&config.endpoint, config.token.clone(), Access::Read, client)?;
         let fetcher = Arc::new(Fetcher::new(
             store.clone(),
             endpoint,

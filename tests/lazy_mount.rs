@@ -301,3 +301,24 @@ fn a_model_the_endpoint_publishes_while_mounted_appears() {
         assert!(repo.roots().any(|c| *c == origin.commit), "{name}");
     }
 }
+
+/// A store directory (`file://`, as `tensorfs upload` writes one) is an origin too: its models
+/// list, and reading one file fetches only that file's chunks into the local store.
+#[test]
+fn a_store_directory_is_an_origin_of_the_lazy_mount() {
+    let origin = Origin::start("dir", 3, Size::Small);
+    let local = origin.local_store("local");
+    let url = format!("file://{}", origin.root.display());
+    let m = lazy_mount(&local, &url, Duration::from_secs(10));
+    assert_eq!(list(&m.path("acme")), ["dir"]);
+    let b = origin.mounted(&m.root, "b.safetensors");
+    assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
+    for chunk in &origin.chunks["b.safetensors"] {
+        assert!(local.contains(chunk));
+    }
+    for chunk in &origin.chunks["a.safetensors"] {
+        assert!(!local.contains(chunk), "a's chunks stay unfetched");
+    }
+    m.unmount();
+    store_is_clean(&local);
+}

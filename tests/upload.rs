@@ -57,6 +57,55 @@ fn imported_store(dir: &Path) -> (PathBuf, Vec<ObjectRef>) {
     (root, commits)
 }
 
+/// Unmounts a mount made through the CLI when dropped, also when a test fails.
+struct CliMount(PathBuf);
+
+impl Drop for CliMount {
+    fn drop(&mut self) {
+        let _ = tensorfs().args(["unmount", "--lazy"]).arg(&self.0).output();
+    }
+}
+
+/// A lazy mount of `endpoint` (model `acme/tiny`, named with `--repo`) into an empty store
+/// shows every lane of the origin's `local/tiny` with the files `export` writes.
+fn lazy_mount_equals(dir: &Path, origin: &Path, endpoint: &str, env: &[(&str, String)]) {
+    let store = empty_store(&dir.join("lazy-store"));
+    let mnt = dir.join("lazy-mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let args = [
+        "mount",
+        mnt.to_str().unwrap(),
+        "--endpoint",
+        endpoint,
+        "--repo",
+        "acme/tiny",
+    ];
+    succeeded(&tensorfs_in(&store, args[0], &args[1..], env));
+    let guard = CliMount(mnt.clone());
+    let latest = mnt.join("acme/tiny/latest");
+    let lanes: Vec<String> = fs::read_dir(&latest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|l| !l.contains('@'))
+        .collect();
+    assert_eq!(lanes.len(), 2, "{lanes:?}");
+    for lane in lanes {
+        let out = dir.join(format!("export-{lane}"));
+        ok(
+            origin,
+            &[
+                "export",
+                "local/tiny",
+                out.to_str().unwrap(),
+                "--lane",
+                &lane,
+            ],
+        );
+        assert_eq!(files_of(&latest.join(&lane)), files_of(&out), "lane {lane}");
+    }
+    drop(guard);
+}
+
 /// An empty store for a server.
 fn empty_store(path: &Path) -> PathBuf {
     Store::open(path).unwrap();
@@ -534,6 +583,7 @@ fn an_s3_bucket_takes_uploads_and_serves_downloads() {
     assert!(prefix.join("refs/acme/fork.json").is_file());
 
     downloads_equal(dir.path(), "from-s3", &origin, &commits, bucket, &env);
+    lazy_mount_equals(dir.path(), &origin, bucket, &env);
 
     // Wrong credentials are refused by the server.
     let mut wrong = env.clone();

@@ -27,8 +27,8 @@ pub struct Args {
     /// Where a background daemon logs (default: ~/.local/state/tensorfs/mount.log).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
-    /// Also show the models of this endpoint (https://…, or http:// on loopback); their bytes
-    /// are fetched into the store when first read.
+    /// Also show the models of this endpoint (https://…, http:// on loopback, s3://bucket/prefix
+    /// or file:///dir); their bytes are fetched into the store when first read.
     #[arg(long, env = "TENSORFS_ENDPOINT", value_name = "URL")]
     pub endpoint: Option<String>,
     /// A bearer token for the endpoint, sent to its origin only.

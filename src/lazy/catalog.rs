@@ -31,8 +31,9 @@ use crate::format::{ObjectRef, Release, Repo, Sha256};
 use crate::fs::{
     Capacity, Catalog, CommitError, CommitLane, LaneContents, LaneRef, RepoEntry, StoreCatalog,
 };
-use crate::remote::client::{Endpoint, FetchError};
+use crate::remote::client::FetchError;
 use crate::remote::is_local;
+use crate::remote::origin::Origin;
 use crate::store::{Store, StoreError};
 
 /// The endpoint's models as last read.
@@ -105,7 +106,7 @@ impl RemoteCatalog {
         let endpoint = self.fetcher.endpoint().clone();
         let (remote, refreshing) = (self.remote.clone(), self.refreshing.clone());
         self.fetcher.runtime().spawn(async move {
-            refresh(&endpoint, names, &remote).await;
+            refresh(endpoint.as_ref(), names, &remote).await;
             refreshing.store(false, Ordering::Release);
             if let Some(done) = done {
                 let _ = done.send(());
@@ -186,7 +187,7 @@ impl RemoteCatalog {
 
 /// Reads the documents of `names` and of the models the endpoint lists into `remote` (see the
 /// module doc).
-async fn refresh(endpoint: &Endpoint, mut names: Vec<String>, remote: &RwLock<RemoteRefs>) {
+async fn refresh(endpoint: &dyn Origin, mut names: Vec<String>, remote: &RwLock<RemoteRefs>) {
     let listed = match endpoint.models().await {
         Ok(listed) => listed,
         Err(e) => {
@@ -245,7 +246,7 @@ async fn refresh(endpoint: &Endpoint, mut names: Vec<String>, remote: &RwLock<Re
 fn note_reachable(
     remote: &RwLock<RemoteRefs>,
     result: Result<(), &FetchError>,
-    endpoint: &Endpoint,
+    endpoint: &dyn Origin,
 ) {
     let mut refs = write(remote);
     let before = refs.reachable.replace(result.is_ok());
@@ -265,7 +266,7 @@ fn note_reachable(
 
 /// A model's repo document at the endpoint: its `refs/…` document, else what its resolve
 /// route names (the newest release's lane, or the newest commit); `None` when it has neither.
-async fn document(endpoint: &Endpoint, name: &str) -> Result<Option<Repo>, FetchError> {
+async fn document(endpoint: &dyn Origin, name: &str) -> Result<Option<Repo>, FetchError> {
     if let Some(repo) = endpoint.repo_document(name).await? {
         return Ok(Some(repo));
     }

@@ -13,7 +13,8 @@ use std::time::Instant;
 use super::{LazyError, FAILURE_MEMORY};
 use crate::format::{ObjectRef, Sha256};
 use crate::remote::admit::{admit, AdmitError};
-use crate::remote::client::{Endpoint, FetchError};
+use crate::remote::client::FetchError;
+use crate::remote::origin::Origin;
 use crate::store::Store;
 
 /// A transfer that failed: the object, the endpoint and why.
@@ -104,7 +105,7 @@ impl Flight {
 #[derive(Debug)]
 pub struct Fetcher {
     store: Store,
-    endpoint: Arc<Endpoint>,
+    endpoint: Arc<dyn Origin>,
     /// Dropped with `shutdown_background`, which is allowed inside another runtime.
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
@@ -122,7 +123,7 @@ impl Fetcher {
     /// The runtime cannot start.
     pub fn new(
         store: Store,
-        endpoint: Arc<Endpoint>,
+        endpoint: Arc<dyn Origin>,
         max_prefetches: usize,
     ) -> Result<Fetcher, LazyError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -144,7 +145,7 @@ impl Fetcher {
     }
 
     /// The endpoint.
-    pub fn endpoint(&self) -> &Arc<Endpoint> {
+    pub fn endpoint(&self) -> &Arc<dyn Origin> {
         &self.endpoint
     }
 
@@ -229,7 +230,7 @@ impl Fetcher {
             let received = |n: u64| {
                 counters.received_bytes.fetch_add(n, Ordering::Relaxed);
             };
-            let result = transfer(&store, &endpoint, &object, &received).await;
+            let result = transfer(&store, endpoint.as_ref(), &object, &received).await;
             match &result {
                 Ok(()) => {
                     counters.objects.fetch_add(1, Ordering::Relaxed);
@@ -267,7 +268,7 @@ impl Fetcher {
 /// One object fetched and admitted under the collector's fence.
 async fn transfer(
     store: &Store,
-    endpoint: &Endpoint,
+    endpoint: &dyn Origin,
     object: &ObjectRef,
     received: &(dyn Fn(u64) + Sync),
 ) -> Result<(), FetchFailed> {

@@ -77,6 +77,18 @@ impl Origin for DirOrigin {
         Ok(None)
     }
 
+    async fn models(&self) -> FetchResult<Option<Vec<String>>> {
+        let repos = tokio::task::block_in_place(|| self.store.repos())
+            .map_err(|e| backend("listing the repos", e))?;
+        Ok(Some(
+            repos
+                .into_iter()
+                .map(|r| r.name)
+                .filter(|name| !crate::remote::is_local(name))
+                .collect(),
+        ))
+    }
+
     async fn repo_document(&self, name: &str) -> FetchResult<Option<Repo>> {
         tokio::task::block_in_place(|| self.store.repo(name))
             .map_err(|e| backend(&format!("reading the repo document of {name}"), e))

@@ -78,6 +78,15 @@ pub trait Origin: Send + Sync + std::fmt::Debug {
         std::time::Duration::from_millis(100 * u64::from(copies.min(20)))
     }
 
+    /// The models the endpoint lists (`org/name`), or `None` for one that lists nothing (the
+    /// protocol has no listing route; a lazy mount then shows the models named to it).
+    ///
+    /// # Errors
+    /// A failure reaching the endpoint.
+    async fn models(&self) -> FetchResult<Option<Vec<String>>> {
+        Ok(None)
+    }
+
     /// The commit the resolve route names, or `None` for an endpoint without one (a static
     /// origin, which the client resolves from its repo document).
     ///
@@ -231,6 +240,10 @@ impl Origin for Endpoint {
 
     async fn length_of(&self, sha256: &Sha256) -> FetchResult<Option<u64>> {
         Endpoint::length_of(self, sha256).await
+    }
+
+    async fn models(&self) -> FetchResult<Option<Vec<String>>> {
+        Endpoint::models(self).await
     }
 
     // A server may hand out a wrong copy on the way (a proxy, a fault): asked for again until
