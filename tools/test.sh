@@ -7,7 +7,8 @@
 #    s3s-fs (an S3 server for tests/upload.rs), built once into ~/.cache/tensorfs-dev;
 # 2. the Python venv (tools/venv.sh, cached in ~/.cache/tensorfs-dev; TENSORFS_VENV=/path uses
 #    an existing one), exported as TENSORFS_TEST_PYTHON for Rust tests that run Python clients;
-# 3. cargo test --release (doc tests, then all targets);
+# 3. cargo test --release (doc tests, then all targets, then the GPU loader's tests with
+#    --features cuda, which check its "CUDA not available" error on a machine without a GPU);
 # 4. the end-to-end checks against the release binary and real FUSE mounts:
 #    tools/main-job.sh (all-MiniLM-L6-v2 imported, mounted, embeddings and SHA-256s equal),
 #    tools/e2e/diffusers_e2e.sh (tiny SD: default lane, fp16 lane, fp16 with fallback),
@@ -73,6 +74,9 @@ if [ $run_cargo = 1 ]; then
     step "cargo test --release --doc" timeout -k 30 "$cargo_limit" cargo test --release --doc
     step "cargo test --release --all-targets (limit ${cargo_limit} s)" \
         timeout -k 30 "$cargo_limit" cargo test --release --all-targets
+    # The GPU loader's tests: without a GPU they check the "CUDA not available" error.
+    step "cargo test --release --features cuda --test gpu" \
+        timeout -k 30 "$cargo_limit" cargo test --release --features cuda --test gpu
 fi
 
 if [ $run_e2e = 1 ]; then
