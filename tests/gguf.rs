@@ -85,7 +85,9 @@ fn check_decoded(dir: &Path, file: &str) {
             continue;
         }
         seen += 1;
-        let view = st.tensor(name).unwrap_or_else(|e| panic!("{file}: {name}: {e}"));
+        let view = st
+            .tensor(name)
+            .unwrap_or_else(|e| panic!("{file}: {name}: {e}"));
         let shape: Vec<usize> = t["shape"]
             .as_array()
             .unwrap()
@@ -94,7 +96,11 @@ fn check_decoded(dir: &Path, file: &str) {
             .collect();
         assert_eq!(view.shape(), shape, "{file}: {name}");
         let ty = t["type"].as_str().unwrap();
-        assert_eq!(format!("{:?}", view.dtype()), dtype_of(ty), "{file}: {name}");
+        assert_eq!(
+            format!("{:?}", view.dtype()),
+            dtype_of(ty),
+            "{file}: {name}"
+        );
         let want = t
             .get("decoded_sha256")
             .or_else(|| t.get("stored_sha256").filter(|_| t.get("scheme").is_none()))
@@ -106,7 +112,11 @@ fn check_decoded(dir: &Path, file: &str) {
             t["oracle"]
         );
     }
-    assert_eq!(st.len(), seen, "{file}: the decoded file holds other tensors");
+    assert_eq!(
+        st.len(),
+        seen,
+        "{file}: the decoded file holds other tensors"
+    );
 }
 
 #[test]
@@ -239,7 +249,10 @@ fn a_gguf_in_a_folder_is_skipped_with_a_hint() {
         &dir.path().join("store"),
         &["import", src.to_str().unwrap(), "--name", "local/f"],
     );
-    assert!(err.contains("a .gguf file imports when named itself"), "{err}");
+    assert!(
+        err.contains("a .gguf file imports when named itself"),
+        "{err}"
+    );
 }
 
 // ---- Refusals --------------------------------------------------------------------------
