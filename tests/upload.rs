@@ -66,22 +66,25 @@ impl Drop for CliMount {
     }
 }
 
-/// A lazy mount of `endpoint` (model `acme/tiny`, named with `--repo`) into an empty store
-/// shows every lane of the origin's `local/tiny` with the files `export` writes.
+/// A lazy mount of `endpoint` into an empty store lists the bucket's models (`acme/tiny` and
+/// `acme/fork`) and shows every lane of the origin's `local/tiny` with the files `export` writes.
 fn lazy_mount_equals(dir: &Path, origin: &Path, endpoint: &str, env: &[(&str, String)]) {
     let store = empty_store(&dir.join("lazy-store"));
     let mnt = dir.join("lazy-mnt");
     fs::create_dir_all(&mnt).unwrap();
-    let args = [
-        "mount",
-        mnt.to_str().unwrap(),
-        "--endpoint",
-        endpoint,
-        "--repo",
-        "acme/tiny",
-    ];
+    let args = ["mount", mnt.to_str().unwrap(), "--endpoint", endpoint];
     succeeded(&tensorfs_in(&store, args[0], &args[1..], env));
     let guard = CliMount(mnt.clone());
+    let mut listed: Vec<String> = fs::read_dir(mnt.join("acme"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        ["fork", "tiny"],
+        "the bucket's refs list its models"
+    );
     let latest = mnt.join("acme/tiny/latest");
     let lanes: Vec<String> = fs::read_dir(&latest)
         .unwrap()

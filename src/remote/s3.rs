@@ -205,6 +205,28 @@ impl Origin for S3Origin {
         Ok(None)
     }
 
+    /// The models whose repo documents lie under `refs/` (`refs/<org>/<name>.json`).
+    async fn models(&self) -> FetchResult<Option<Vec<String>>> {
+        let what = "listing refs/";
+        let refs = self.key("refs")?;
+        let mut listing = self.bucket.list(Some(&refs));
+        let mut names = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| Self::error(what, e))?;
+            let path = meta.location.as_ref();
+            let Some(rest) = path.split("refs/").last() else {
+                continue;
+            };
+            if let Some(name) = rest.strip_suffix(".json") {
+                if name.matches('/').count() == 1 && !super::is_local(name) {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        names.sort();
+        Ok(Some(names))
+    }
+
     async fn repo_document(&self, name: &str) -> FetchResult<Option<Repo>> {
         Ok(self.read_repo(name).await?.map(|(repo, _)| repo))
     }
