@@ -299,7 +299,7 @@ async fn serve(config: MountConfig) -> Result<(), MountError> {
         mut unmounter,
         mountpoint,
     } = mounted?;
-    let mut run = tokio::task::spawn_blocking(move || session.run());
+    let mut run = tokio::task::spawn_blocking(move || ended(session.run()));
     let signal = tokio::select! {
         ended = &mut run => return ended_session(&mountpoint, ended),
         _ = term.recv() => "SIGTERM",
@@ -437,6 +437,17 @@ pub struct MountHandle {
     thread: Option<JoinHandle<io::Result<()>>>,
 }
 
+/// A session's result, with the connection's end by abort counted as its normal end: once a
+/// lazily detached mount's last file closes, the kernel may answer the daemon's next read with
+/// `ECONNABORTED` rather than `ENODEV` (fuser ends quietly only on the latter), and either way
+/// the mount is gone.
+fn ended(result: io::Result<()>) -> io::Result<()> {
+    match result {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
+        other => other,
+    }
+}
+
 /// Mounts and serves on background threads of this process.
 ///
 /// # Errors
@@ -449,7 +460,7 @@ pub fn spawn(config: MountConfig) -> Result<MountHandle, MountError> {
     } = start(&config)?;
     let thread = std::thread::Builder::new()
         .name("tensorfs-session".into())
-        .spawn(move || session.run())
+        .spawn(move || ended(session.run()))
         .map_err(|source| MountError::Serve {
             mountpoint: mountpoint.clone(),
             source,
@@ -628,5 +639,17 @@ mod tests {
             check_mountpoint(&empty).unwrap(),
             fs::canonicalize(&empty).unwrap()
         );
+    }
+
+    #[test]
+    fn an_aborted_connection_ends_the_session_like_an_unmount() {
+        let aborted = io::Error::from_raw_os_error(libc::ECONNABORTED);
+        assert!(ended(Err(aborted)).is_ok());
+        let other = io::Error::from_raw_os_error(libc::EIO);
+        assert_eq!(
+            ended(Err(other)).unwrap_err().raw_os_error(),
+            Some(libc::EIO)
+        );
+        assert!(ended(Ok(())).is_ok());
     }
 }
