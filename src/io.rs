@@ -195,8 +195,13 @@ impl ObjectSource for BlobReader {
                 })
                 .collect();
             backend::read(self.backend, &mut requests)?;
+            // One stamp check per blob, however many of the batch's ranges it holds (a FUSE
+            // read often takes several ranges of one chunk).
             let mut changed = false;
-            for (r, open) in reads.iter().zip(&opens) {
+            for (k, (r, open)) in reads.iter().zip(&opens).enumerate() {
+                if opens[..k].iter().any(|o| Arc::ptr_eq(o, open)) {
+                    continue;
+                }
                 if Stamp::of(&open.blob.file().metadata()?) != open.stamp {
                     lock(&self.open).pop(&r.object.sha256);
                     changed = true;
