@@ -126,7 +126,9 @@ pub(crate) fn recognize(
     let quantization_config = cx.config.get("quantization_config").map(json::from_value);
 
     // Component-wide declarations: the config, files, marker tensors.
-    let mut declared: Vec<(&Convention, Doc)> = Vec::new();
+    // Each declared convention, with the document that declared it (a config or file; `None`
+    // for a marker, whose convention then reads the component's quantization config).
+    let mut declared: Vec<(&Convention, Option<Json>)> = Vec::new();
     let mut markers: BTreeSet<usize> = BTreeSet::new();
     for convention in &table.conventions {
         for d in &convention.declared_by {
@@ -134,14 +136,14 @@ pub(crate) fn recognize(
                 Declaration::Config { config } => {
                     if let Some(q) = &quantization_config {
                         if matches_all(q, config)? {
-                            declared.push((convention, Doc::Config(q.clone())));
+                            declared.push((convention, Some(q.clone())));
                         }
                     }
                 }
                 Declaration::File { file, matches } => {
                     if let Some(doc) = cx.files.get(file) {
                         if matches_all(doc, matches)? {
-                            declared.push((convention, Doc::Config(doc.clone())));
+                            declared.push((convention, Some(doc.clone())));
                         }
                     }
                 }
@@ -155,7 +157,7 @@ pub(crate) fn recognize(
                         .collect();
                     if !found.is_empty() {
                         markers.extend(found);
-                        declared.push((convention, Doc::None));
+                        declared.push((convention, None));
                     }
                 }
                 _ => {}
@@ -165,7 +167,7 @@ pub(crate) fn recognize(
     if let Some(c) = converter {
         declared.retain(|(d, _)| d.name == c.name);
         if declared.is_empty() {
-            let doc = quantization_config.clone().map_or(Doc::None, Doc::Config);
+            let doc = quantization_config.clone();
             declared.push((c, doc));
         }
     }
@@ -376,13 +378,6 @@ pub(crate) fn recognize(
     Ok(items)
 }
 
-/// The document a convention reads values from.
-#[derive(Clone, Debug)]
-enum Doc {
-    None,
-    Config(Json),
-}
-
 /// How the module at `module` (its arrays `module + suffix`) is encoded, if it is.
 #[allow(clippy::too_many_arguments)]
 fn module_encoding(
@@ -392,7 +387,7 @@ fn module_encoding(
     by_name: &HashMap<&str, usize>,
     arrays: &[SourceTensor],
     read: &ReadArray<'_>,
-    declared: &[(&Convention, Doc)],
+    declared: &[(&Convention, Option<Json>)],
     module_doc: Option<&(Vec<&Convention>, Json, String)>,
     config_doc: Option<&Json>,
     converter: Option<&Convention>,
@@ -419,11 +414,7 @@ fn module_encoding(
     }
     if candidates.is_empty() {
         for (c, doc) in declared {
-            let config = match doc {
-                Doc::Config(j) => Some(j),
-                Doc::None => config_doc,
-            };
-            candidates.push((c, None, config));
+            candidates.push((c, None, doc.as_ref().or(config_doc)));
         }
     }
     let relevant: Vec<_> = candidates
