@@ -88,3 +88,30 @@ fn every_backend_reads_what_the_mount_shows() {
     }
     m.unmount();
 }
+
+/// `TENSORFS_IO` naming no backend stops a command before it does anything, naming the ones
+/// there are.
+#[test]
+fn an_unknown_backend_in_the_environment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+        .args(["--store", dir.path().to_str().unwrap(), "ls"])
+        .env("TENSORFS_IO", "disk")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("TENSORFS_IO") && said.contains("\"disk\"") && said.contains("uring"),
+        "{said}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+        .args(["--store", dir.path().to_str().unwrap(), "ls"])
+        .env("TENSORFS_IO", "pread")
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("TENSORFS_IO"),
+        "a known backend is accepted"
+    );
+}
