@@ -111,7 +111,8 @@ fn cached(key: Key, decode: impl FnOnce() -> io::Result<Vec<u8>>) -> io::Result<
 /// Reads the parts of tensor `tensor` of component `component` and decodes it whole.
 ///
 /// # Errors
-/// As [`read`].
+/// As reading a decoded range does: the scheme or its parts refuse the decode (`InvalidData`), or
+/// a chunk cannot be read.
 pub fn decode_tensor(
     source: &dyn ObjectSource,
     header: &Header,

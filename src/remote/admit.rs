@@ -5,9 +5,9 @@
 //! through here.
 //!
 //! A copy whose digest is wrong (a byte changed on the way) is removed and asked for again,
-//! until [`ClientConfig::deadline`](super::client::ClientConfig::deadline) has passed since the
+//! until the origin's [`Origin::retry_deadline`] (an HTTP client's deadline) has passed since the
 //! first wrong copy; an origin that keeps sending other bytes fails then, having admitted
-//! nothing. Transport failures are the client's to retry ([`Endpoint::fetch`]).
+//! nothing. Transport failures are the origin's to retry ([`Origin::fetch`]).
 
 use std::io::Write;
 use std::time::Instant;
