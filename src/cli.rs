@@ -153,6 +153,15 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A leading unsigned decimal number and the trimmed rest (its unit): `"1.5 GiB"` → `(1.5, "GiB")`.
+fn number_and_unit(text: &str) -> Option<(f64, &str)> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    Some((number.parse().ok()?, unit.trim()))
+}
+
 /// A duration on the command line: seconds (`60`, `1.5`), or a number with `ms`, `s`, `m` or
 /// `h`.
 ///
@@ -160,14 +169,9 @@ pub fn main() -> ExitCode {
 /// Not such a number, or negative.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (60, 60s, 500ms, 2m)"))?;
-    let seconds = match unit.trim() {
+    let (value, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("{text:?} is not a duration (60, 60s, 500ms, 2m)"))?;
+    let seconds = match unit {
         "" | "s" => value,
         "ms" => value / 1000.0,
         "m" => value * 60.0,
@@ -175,6 +179,32 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         other => return Err(format!("{other:?} is not a unit of time (ms, s, m, h)")),
     };
     std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// A size on the command line in bytes: a number, or one with a binary unit `K`, `M`, `G`,
+/// `T` (`KiB`, `GiB`… and `KB`, `GB`… mean the same: 1024-based).
+///
+/// # Errors
+/// Not such a size, or more than 2^64 bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (value, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("{text:?} is not a size (1073741824, 512M, 20G)"))?;
+    let unit = unit.to_ascii_uppercase();
+    let unit = unit.trim_end_matches('B').trim_end_matches('I');
+    let scale: u64 = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("{text:?}: the unit is not one of K, M, G, T")),
+    };
+    let bytes = value * scale as f64;
+    if !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
+        return Err(format!("{text:?} is too large"));
+    }
+    Ok(bytes as u64)
 }
 
 /// An error and its causes on one line. Messages of this crate already hold their source's
@@ -192,4 +222,23 @@ fn describe(error: &anyhow::Error) -> String {
         line.push_str(&part);
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_as_binary_units() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("20G"), Ok(20 << 30));
+        assert_eq!(parse_size("20GiB"), Ok(20 << 30));
+        assert_eq!(parse_size("1.5k"), Ok(1536));
+        assert_eq!(parse_size("2 TB"), Ok(2 << 40));
+        for bad in ["", "G", "-1G", "1X", "20000000T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -93,6 +93,9 @@ pub struct FsConfig {
     pub uid: u32,
     /// Group of every file and folder. Default: the process's effective gid.
     pub gid: u32,
+    /// Views for FUSE passthrough ([`crate::views`]); `None` (the default): every read goes
+    /// through the daemon.
+    pub views: Option<crate::views::ViewConfig>,
 }
 
 impl Default for FsConfig {
@@ -108,6 +111,7 @@ impl Default for FsConfig {
             prefetch_chunks: 2,
             uid,
             gid,
+            views: None,
         }
     }
 }
@@ -295,12 +299,16 @@ pub struct DirEntry {
 }
 
 /// What `open` answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Opened {
     /// The handle later reads and the release pass.
     pub fh: u64,
     /// Keep the page cache between opens (lane files never change).
     pub keep_cache: bool,
+    /// A local file holding exactly the file's bytes, for the kernel to read in its place
+    /// (FUSE passthrough): the blob of a one-object file or a built view. Only with
+    /// [`FsConfig::views`].
+    pub backing: Option<std::fs::File>,
 }
 
 /// What an xattr query answers: the size when probed with size 0, else the bytes.

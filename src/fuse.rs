@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 
 pub use session::{mount, spawn, unmount, MountConfig, MountError, MountHandle};
@@ -34,12 +34,100 @@ pub const MAX_READ_BYTES: u32 = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct FuseAdapter {
     fs: Arc<TensorFs>,
+    passthrough: Arc<Passthrough>,
 }
 
 impl FuseAdapter {
     /// The adapter of `fs`.
     pub fn new(fs: Arc<TensorFs>) -> FuseAdapter {
-        FuseAdapter { fs }
+        FuseAdapter {
+            fs,
+            passthrough: Arc::default(),
+        }
+    }
+}
+
+/// FUSE passthrough bookkeeping (Linux 6.9+): the kernel refuses (`ETXTBSY`) to open an inode
+/// for passthrough while it is open through the page cache, and the reverse, and wants every
+/// passthrough open of an inode to name one backing file. So an inode's first open picks its
+/// mode, later opens follow it while any is open, and the backing file is registered once and
+/// unregistered after the last release.
+#[derive(Debug, Default)]
+struct Passthrough {
+    /// Whether the kernel agreed to passthrough at `init`.
+    enabled: std::sync::atomic::AtomicBool,
+    /// The open inodes' modes.
+    inodes: std::sync::Mutex<std::collections::HashMap<u64, IoMode>>,
+}
+
+/// How an inode's open handles read, and how many there are.
+#[derive(Debug)]
+enum IoMode {
+    Cached(usize),
+    Passthrough(usize, BackingId),
+}
+
+impl Passthrough {
+    fn enabled(&self) -> bool {
+        self.enabled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn inodes(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, IoMode>> {
+        self.inodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Answers the open of `ino` as handle `fh`, passing it through to `backing` when the
+    /// inode's mode allows.
+    fn reply(
+        &self,
+        ino: u64,
+        fh: FileHandle,
+        flags: FopenFlags,
+        backing: Option<std::fs::File>,
+        reply: ReplyOpen,
+    ) {
+        let mut inodes = self.inodes();
+        let mode = inodes.entry(ino).or_insert_with(|| {
+            let id = backing.and_then(|file| {
+                reply
+                    .open_backing(&file)
+                    .map_err(|e| tracing::warn!("no passthrough for inode {ino}: {e}"))
+                    .ok()
+            });
+            match id {
+                Some(id) => IoMode::Passthrough(0, id),
+                None => IoMode::Cached(0),
+            }
+        });
+        match mode {
+            IoMode::Cached(n) => {
+                *n += 1;
+                drop(inodes);
+                reply.opened(fh, flags);
+            }
+            IoMode::Passthrough(n, id) => {
+                *n += 1;
+                // The kernel fails (EIO) a passthrough open with flags beyond its short list
+                // (FOPEN_PASSTHROUGH_MASK), FOPEN_KEEP_CACHE among them; it has no use here.
+                let flags = flags - FopenFlags::FOPEN_KEEP_CACHE;
+                reply.opened_passthrough(fh, flags, id);
+            }
+        }
+    }
+
+    /// Notes the release of one handle of `ino`; the last one unregisters its backing file.
+    fn release(&self, ino: u64) {
+        let mut inodes = self.inodes();
+        let last = match inodes.get_mut(&ino) {
+            Some(IoMode::Cached(n) | IoMode::Passthrough(n, _)) => {
+                *n = n.saturating_sub(1);
+                *n == 0
+            }
+            None => false,
+        };
+        if last {
+            inodes.remove(&ino);
+        }
     }
 }
 
@@ -147,6 +235,19 @@ impl Filesystem for FuseAdapter {
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
             tracing::debug!("kernel lacks {missing:?}");
         }
+        // Passthrough, only with views (they are what it reads): backing files on a local
+        // filesystem, so one level of stacking.
+        if self.fs.config().views.is_some() {
+            let agreed = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if agreed {
+                self.passthrough
+                    .enabled
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                tracing::warn!("the kernel offers no FUSE passthrough (Linux 6.9+): views unused");
+            }
+        }
         // Deliberately not requested: FUSE_AUTO_INVAL_DATA (files never change, so the page
         // cache never needs dropping on an mtime change), FUSE_WRITEBACK_CACHE (read-only),
         // and no file is opened with FOPEN_DIRECT_IO, which would break mmap (ENODEV) for
@@ -190,7 +291,13 @@ impl Filesystem for FuseAdapter {
                 if opened.keep_cache {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
-                reply.opened(FileHandle(opened.fh), fopen)
+                let fh = FileHandle(opened.fh);
+                if self.passthrough.enabled() {
+                    self.passthrough
+                        .reply(ino.0, fh, fopen, opened.backing, reply);
+                } else {
+                    reply.opened(fh, fopen)
+                }
             }
             Err(err) => fail(reply, "open", err),
         }
@@ -223,13 +330,16 @@ impl Filesystem for FuseAdapter {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.passthrough.enabled() {
+            self.passthrough.release(ino.0);
+        }
         self.fs.release(fh.0);
         reply.ok();
     }

@@ -161,6 +161,16 @@ impl ObjectSource for BlobReader {
         }])
     }
 
+    fn backing_file(&self, object: &ObjectRef) -> Option<File> {
+        let open = self.get(object).ok()?;
+        // The proof holds for the inode the stamp names; a blob replaced since is proven anew.
+        if Stamp::of(&open.blob.file().metadata().ok()?) != open.stamp {
+            lock(&self.open).pop(&object.sha256);
+            return None;
+        }
+        open.blob.file().try_clone().ok()
+    }
+
     fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
         for r in reads.iter() {
             let end = r.offset.checked_add(r.buf.len() as u64);

@@ -84,6 +84,15 @@ pub trait ObjectSource: Send + Sync {
             .try_for_each(|r| self.read_object(r.object, r.offset, r.buf))
     }
 
+    /// A file holding exactly `object`'s bytes, proven as a read would prove them, for the
+    /// kernel to read directly (FUSE passthrough, [`crate::views`]). From then on the kernel
+    /// reads it without this source's per-read checks. `None` (the default) when the source
+    /// has no such file, e.g. a remote object not fetched yet, or cannot prove it now.
+    fn backing_file(&self, object: &ObjectRef) -> Option<std::fs::File> {
+        let _ = object;
+        None
+    }
+
     /// A hint that `objects` will be read soon, in this order (a reader going through a file
     /// in order). A source whose objects come from far away may start fetching them; the
     /// default does nothing. Never fails and never waits.

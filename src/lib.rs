@@ -19,3 +19,4 @@ pub mod quantize;
 pub mod remote;
 pub mod revisions;
 pub mod store;
+pub mod views;

@@ -32,6 +32,7 @@ impl Drop for Cleanup<'_> {
 /// `<dir>/mnt`: (source, store, mount point, the mount command's output).
 fn mounted_tiny(
     dir: &Path,
+    extra: &[&str],
 ) -> (
     std::path::PathBuf,
     std::path::PathBuf,
@@ -48,22 +49,21 @@ fn mounted_tiny(
     let mnt = dir.join("mnt");
     fs::create_dir(&mnt).unwrap();
     let log = dir.join("mount.log");
-    let out = ok(
-        &store,
-        &[
-            "mount",
-            mnt.to_str().unwrap(),
-            "--log-file",
-            log.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec![
+        "mount",
+        mnt.to_str().unwrap(),
+        "--log-file",
+        log.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = ok(&store, &args);
     (src, store, mnt, out)
 }
 
 #[test]
 fn a_background_mount_serves_until_unmounted() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, store, mnt, out) = mounted_tiny(dir.path());
+    let (src, store, mnt, out) = mounted_tiny(dir.path(), &[]);
     let _cleanup = Cleanup(&mnt);
     assert!(out.contains("mounted"), "{out}");
     assert!(mounted(&mnt), "the command returns once the mount is up");
@@ -131,7 +131,7 @@ fn getxattr(path: &Path, name: &str) -> Result<String, i32> {
 #[test]
 fn tensor_attributes_read_through_the_kernel() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, store, mnt, _) = mounted_tiny(dir.path());
+    let (_, store, mnt, _) = mounted_tiny(dir.path(), &[]);
     let _cleanup = Cleanup(&mnt);
     let lane = mnt.join("local/tiny/latest/f32");
     let weights = lane.join("model.safetensors");
@@ -164,5 +164,33 @@ fn tensor_attributes_read_through_the_kernel() {
         getxattr(&lane.join("README.md"), "user.tensorfs.component"),
         Err(libc::ENODATA)
     );
+    assert_eq!(
+        getxattr(&weights, "user.tensorfs.view"),
+        Err(libc::ENODATA),
+        "no views unless asked for"
+    );
     ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+#[test]
+fn a_background_mount_takes_its_view_cache_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let views = dir.path().join("my-views");
+    let (src, store, mnt, _) = mounted_tiny(
+        dir.path(),
+        &["--view-cache", "1G", "--view-dir", views.to_str().unwrap()],
+    );
+    let _cleanup = Cleanup(&mnt);
+    assert!(views.is_dir(), "the daemon made its views' folder");
+    let lane = mnt.join("local/tiny/latest/f32");
+    assert_eq!(files_of(&lane), files_of(&src));
+    let weights = lane.join("model.safetensors");
+    // The tiny file is under the 1 MiB a view needs, so it stays served by the daemon.
+    assert_eq!(getxattr(&weights, "user.tensorfs.view").unwrap(), "absent");
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    let err = fails(
+        &store,
+        &["mount", mnt.to_str().unwrap(), "--view-cache", "lots"],
+    );
+    assert!(err.contains("not a size"), "{err}");
 }

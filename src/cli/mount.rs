@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::{parse_duration, Cli};
+use super::{parse_duration, parse_size, Cli};
 use crate::fuse::session::{self, MountConfig};
 use crate::lazy::LazyConfig;
+use crate::views::ViewConfig;
 
 /// Arguments of `mount`.
 #[derive(Debug, clap::Args)]
@@ -47,6 +48,14 @@ pub struct Args {
     /// waiting for it fails with EIO (60, 60s, 500ms, 2m).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub fetch_deadline: Duration,
+    /// Serve files read whole from local copies (views) at the speed of a local file, keeping
+    /// up to SIZE of views (20G, 512M; 0: off, the default). Files that are one blob pass
+    /// through to it; views cost disk space. Needs FUSE passthrough (Linux 6.9+, root).
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
+    pub view_cache: u64,
+    /// Where views go (default: the store's `views` folder).
+    #[arg(long, value_name = "DIR")]
+    pub view_dir: Option<PathBuf>,
 }
 
 /// Arguments of `unmount`.
@@ -83,6 +92,13 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         if let Some(threads) = args.threads {
             config.threads = threads.max(1);
         }
+        if args.view_cache > 0 {
+            let dir = match &args.view_dir {
+                Some(dir) => std::path::absolute(dir).context("the views' folder")?,
+                None => store.join("views"),
+            };
+            config.fs.views = Some(ViewConfig::new(dir, args.view_cache));
+        }
         session::mount(config)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -107,6 +123,14 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         .arg("--foreground");
     if let Some(threads) = args.threads {
         command.arg("--threads").arg(threads.to_string());
+    }
+    if args.view_cache > 0 {
+        command.arg("--view-cache").arg(args.view_cache.to_string());
+        if let Some(dir) = &args.view_dir {
+            command
+                .arg("--view-dir")
+                .arg(std::path::absolute(dir).context("the views' folder")?);
+        }
     }
     if let Some(remote) = &remote {
         command.arg("--endpoint").arg(&remote.endpoint);

@@ -26,6 +26,7 @@ use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{attrs, Content, LaneView, ObjectSource};
 use crate::revisions;
 use crate::store::Store;
+use crate::views::{ViewCache, ViewState};
 
 /// [`OpenFile::read_end`] before the handle's first read.
 const NO_READ: u64 = u64::MAX;
@@ -71,6 +72,8 @@ pub struct TensorFs {
     next_handle: AtomicU64,
     /// When each failing commit or file was last logged.
     pub(super) reported: Mutex<HashMap<String, Instant>>,
+    /// Views for passthrough, with [`FsConfig::views`].
+    views: Option<ViewCache>,
 }
 
 impl std::fmt::Debug for TensorFs {
@@ -90,7 +93,14 @@ impl TensorFs {
         objects: Arc<dyn ObjectSource>,
         config: FsConfig,
     ) -> TensorFs {
+        let views = config.views.clone().and_then(|views| {
+            let dir = views.dir.clone();
+            ViewCache::open(views, objects.clone())
+                .map_err(|e| tracing::warn!("no views in {}: {e}", dir.display()))
+                .ok()
+        });
         TensorFs {
+            views,
             catalog,
             objects,
             lanes: LaneCache::new(config.max_cached_lanes),
@@ -274,10 +284,40 @@ impl TensorFs {
             read_end: AtomicU64::new(NO_READ),
             tensors: OnceLock::new(),
         };
+        let backing = self.backing(&open.content);
         Ok(Opened {
             fh: self.add_handle(Handle::File(Arc::new(open))),
             keep_cache: true,
+            backing,
         })
+    }
+
+    /// A local file with exactly `content`'s bytes, with views on: a proven blob or a built
+    /// view.
+    fn backing(&self, content: &Content) -> Option<std::fs::File> {
+        let views = self.views.as_ref()?;
+        match content {
+            Content::Object(object) => self.objects.backing_file(object),
+            Content::Safetensors(plan) => views.file(&plan.digest(), plan.size()),
+            Content::Inline(_) => None,
+        }
+    }
+
+    /// Where the view of file `ino` stands; `None` without views, or for a file that needs
+    /// none (one held in memory, or one object, passed through to its blob).
+    pub fn view_state(&self, ino: u64) -> FsResult<Option<ViewState>> {
+        let Some(views) = &self.views else {
+            return Ok(None);
+        };
+        let inode = self.inode(ino)?;
+        let state = self.with_item(&inode.node, |_, item| match item {
+            attrs::Item::File(file) => match &file.content {
+                Content::Safetensors(plan) => Some(views.state(&plan.digest())),
+                _ => None,
+            },
+            attrs::Item::Folder(_) => None,
+        })?;
+        Ok(state.flatten())
     }
 
     /// Reads up to `buf.len()` bytes at `offset` of open file `fh`; returns how many (fewer
@@ -291,8 +331,18 @@ impl TensorFs {
             return Err(FsError::BadHandle(fh));
         };
         self.prefetch_ahead(&file, offset, buf.len() as u64);
+        let size = file.content.size();
         file.content
             .read_at(self.objects.as_ref(), offset, buf)
+            .inspect(|&n| {
+                // A file read to its end is likely read whole again: it gets a view (the page
+                // cache hides later handles' reads, so this read asks, not a release).
+                if let (Some(views), Content::Safetensors(plan)) = (&self.views, &file.content) {
+                    if offset.saturating_add(n as u64) >= size {
+                        views.request(plan.digest(), &file.content);
+                    }
+                }
+            })
             .map_err(|source| {
                 let err = FsError::Read {
                     commit: file.lane.commit.id(),
@@ -326,8 +376,12 @@ impl TensorFs {
     /// # Errors
     /// `ENODATA` for an attribute the inode lacks, `ERANGE` when `size` is too small.
     pub fn getxattr(&self, ino: u64, name: &str, size: u32) -> FsResult<XattrReply> {
-        let inode = self.inode(ino)?;
         let no_attribute = || FsError::NoAttribute(name.to_owned());
+        if name == attrs::VIEW {
+            let state = self.view_state(ino)?.ok_or_else(no_attribute)?;
+            return sized(state.as_str().as_bytes().to_vec(), size);
+        }
+        let inode = self.inode(ino)?;
         let value = self
             .with_item(&inode.node, |view, item| attrs::value(view, item, name))?
             .flatten()
@@ -348,6 +402,10 @@ impl TensorFs {
             .unwrap_or_default()
         {
             list.extend_from_slice(name.as_bytes());
+            list.push(0);
+        }
+        if self.view_state(ino)?.is_some() {
+            list.extend_from_slice(attrs::VIEW.as_bytes());
             list.push(0);
         }
         sized(list, size)

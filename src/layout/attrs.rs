@@ -31,6 +31,9 @@ pub const TENSORS: &str = "user.tensorfs.tensors";
 pub const TENSORS_PAGE: &str = "user.tensorfs.tensors.";
 /// Prefix of one tensor's description, by key or by `#<index>` in the pages' order.
 pub const TENSOR: &str = "user.tensorfs.tensor.";
+/// Where a synthesized file's view stands (`ready`, `building`, `absent`), on a mount with
+/// views ([`crate::views`]).
+pub const VIEW: &str = "user.tensorfs.view";
 /// Most bytes of one page of tensor keys.
 pub const PAGE_BYTES: usize = 32 << 10;
 

@@ -3,10 +3,10 @@
 //! zeros (a GGUF's padding).
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::ObjectSource;
-use crate::format::{Header, Location, ObjectRef};
+use crate::format::{Hasher, Header, Location, ObjectRef, Sha256};
 
 /// Where a segment's bytes come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +59,8 @@ pub struct SafetensorsPlan {
     /// The header and its object, when segments decode tensors.
     decoding: Option<(Arc<Header>, ObjectRef)>,
     size: u64,
+    /// [`SafetensorsPlan::digest`], computed on first use.
+    digest: OnceLock<Sha256>,
 }
 
 /// Builds a plan by appending tensor locations in file order.
@@ -183,6 +185,7 @@ impl<'h> PlanBuilder<'h> {
             chunks: self.chunks,
             decoding: self.decoding,
             size: self.end,
+            digest: OnceLock::new(),
         }
     }
 }
@@ -212,6 +215,61 @@ impl SafetensorsPlan {
     /// component has encoded tensors): those tensors' bytes are in no chunk.
     pub fn decodes(&self) -> bool {
         self.decoding.is_some()
+    }
+
+    /// A digest naming the file's bytes: the SHA-256 of the prefix, the inline bytes and every
+    /// segment (place, length, source with its chunk object). Two plans with one digest read the
+    /// same bytes. A plan that decodes also names the decoding header and this build's version,
+    /// since its bytes are the decoders' output. (Used as the name of a file's view, see
+    /// [`crate::views`].)
+    pub fn digest(&self) -> Sha256 {
+        *self.digest.get_or_init(|| self.compute_digest())
+    }
+
+    fn compute_digest(&self) -> Sha256 {
+        let mut h = Hasher::new();
+        let mut field = |bytes: &[u8]| {
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field(b"tensorfs plan/1");
+        field(&self.prefix);
+        field(&self.inline);
+        if let Some((_, header)) = &self.decoding {
+            field(&header.sha256.0);
+            field(env!("CARGO_PKG_VERSION").as_bytes());
+        }
+        for s in &self.segments {
+            let mut record = Vec::with_capacity(64);
+            record.extend_from_slice(&s.file_offset.to_le_bytes());
+            record.extend_from_slice(&s.length.to_le_bytes());
+            match s.source {
+                Source::Inline { offset } => {
+                    record.push(0);
+                    record.extend_from_slice(&offset.to_le_bytes());
+                }
+                Source::Chunk { chunk, offset } => {
+                    let object = &self.chunks[chunk as usize];
+                    record.push(1);
+                    record.extend_from_slice(&object.sha256.0);
+                    record.extend_from_slice(&object.length.to_le_bytes());
+                    record.extend_from_slice(&offset.to_le_bytes());
+                }
+                Source::Zeros => record.push(2),
+                Source::Decoded {
+                    component,
+                    tensor,
+                    offset,
+                } => {
+                    record.push(3);
+                    record.extend_from_slice(&component.to_le_bytes());
+                    record.extend_from_slice(&tensor.to_le_bytes());
+                    record.extend_from_slice(&offset.to_le_bytes());
+                }
+            }
+            field(&record);
+        }
+        h.finish().sha256
     }
 
     /// The first `count` distinct chunks of the segments from file offset `offset` on, in file

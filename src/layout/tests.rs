@@ -136,6 +136,51 @@ fn chunks_from_names_the_chunks_ahead_in_file_order() {
     assert!(Content::Object(chunks[0]).chunks_from(0, 5).is_empty());
 }
 
+/// The digest of `view`'s weights file.
+fn weights_digest(view: &LaneView) -> crate::format::Sha256 {
+    match &view.file("model.safetensors").unwrap().content {
+        Content::Safetensors(plan) => plan.digest(),
+        other => panic!("a synthesized weights file, not {other:?}"),
+    }
+}
+
+#[test]
+fn a_plan_digest_changes_with_any_byte_source_and_only_then() {
+    let (_, view, _) = model();
+    let tree = Tree {
+        lane: Some("u8".into()),
+        files: BTreeMap::from([("model.cozytensors".to_owned(), ObjectRef::of(b"header"))]),
+    };
+    let rebuild = |header: &Header| {
+        LaneView::build(&ObjectRef::of(b"another commit"), &tree, header).unwrap()
+    };
+    let digest = weights_digest(&view);
+    assert_eq!(
+        weights_digest(&rebuild(&view.header)),
+        digest,
+        "same bytes, same name"
+    );
+
+    let mut other_chunk = (*view.header).clone();
+    other_chunk.chunks[1] = ObjectRef::of(b"other bytes of the same length..");
+    assert_ne!(weights_digest(&rebuild(&other_chunk)), digest);
+
+    let mut moved = (*view.header).clone();
+    let Body::Plain(location) = &mut moved.components[0].tensors[1].body else {
+        unreachable!()
+    };
+    location.offset -= 1;
+    assert_ne!(weights_digest(&rebuild(&moved)), digest);
+
+    let mut renamed = (*view.header).clone();
+    renamed.components[0].tensors[0].key = "c".into();
+    assert_ne!(
+        weights_digest(&rebuild(&renamed)),
+        digest,
+        "the header is in the prefix"
+    );
+}
+
 /// A view of one component `model` whose weights file holds `n` tensors with long keys.
 fn many_tensors(n: usize) -> LaneView {
     let tensors = (0..n)

@@ -296,9 +296,10 @@ class Mount:
     the mount is still there, then waits for the daemon (terminating it if it lingers).
     """
 
-    def __init__(self, tensorfs, store, mountpoint, log, timeout_s=60):
+    def __init__(self, tensorfs, store, mountpoint, log, timeout_s=60, args=()):
         self.tensorfs, self.store, self.mountpoint, self.log = str(tensorfs), str(store), Path(mountpoint), Path(log)
         self.timeout_s = timeout_s
+        self.args = [str(a) for a in args]
         self.proc = None
 
     def __enter__(self):
@@ -309,7 +310,7 @@ class Mount:
         if is_mounted(self.mountpoint):
             force_unmount(self.mountpoint)
         logf = open(self.log, "ab")
-        cmd = [self.tensorfs, "--store", self.store, "mount", str(self.mountpoint), "--foreground"]
+        cmd = [self.tensorfs, "--store", self.store, "mount", str(self.mountpoint), "--foreground", *self.args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
         deadline = time.monotonic() + self.timeout_s

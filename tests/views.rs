@@ -1,0 +1,222 @@
+//! Views and FUSE passthrough through real mounts (root, /dev/fuse, Linux 6.9+): a file read to
+//! its end gets a view, later opens read the view without the daemon, and open handles never
+//! mix modes on one inode.
+
+mod fuse_support;
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use fuse_support::*;
+use tensorfs::store::Store;
+use tensorfs::views::ViewConfig;
+
+const FILE: &str = "local/x/latest/bf16/model.safetensors";
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    (dir, store)
+}
+
+/// A store with one model of lane `bf16` (a 2.5 MiB safetensors file and a README).
+fn one_model(store: &Store, seed: u64) -> TestCommit {
+    let c = commit(store, Some("bf16"), seed);
+    set_repo(
+        store,
+        "local/x",
+        vec![release("1.0", &[("bf16", &c)])],
+        vec![],
+    );
+    c
+}
+
+fn mount_with_views(store: &Store, dir: &Path, capacity_bytes: u64) -> Mounted {
+    let dir = dir.to_path_buf();
+    mount_with(store, move |config| {
+        config.fs.views = Some(ViewConfig::new(dir, capacity_bytes));
+    })
+}
+
+fn view_state(path: &Path) -> String {
+    let value = xattr(path, "user.tensorfs.view").expect("the view attribute");
+    String::from_utf8(value).unwrap()
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated; the buffer is ours and its length is passed.
+    let len = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| {
+        buf.truncate(len as usize);
+        buf
+    })
+}
+
+fn views_in(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn a_file_read_whole_gets_a_view_that_a_later_mount_reads_without_the_blobs() {
+    let (tmp, store) = store();
+    let c = one_model(&store, 1);
+    let views = tmp.path().join("views");
+    let m = mount_with_views(&store, &views, 64 << 20);
+    let path = m.path(FILE);
+    let expected = fs::read(&path).unwrap();
+    wait_for(|| view_state(&path) == "ready", "the view to be built");
+    let built = views_in(&views);
+    assert_eq!(
+        built.len(),
+        1,
+        "one view, no temporary file left: {built:?}"
+    );
+    assert_eq!(fs::read(&built[0]).unwrap(), expected);
+    assert_eq!(
+        fs::read(m.path("local/x/latest/bf16/README.md")).unwrap(),
+        c.readme
+    );
+    assert_eq!(fs::read(&path).unwrap(), expected, "read through the view");
+    m.unmount();
+
+    // Without the chunks, only the view can give the file's bytes: a fresh mount (no page
+    // cache) that reads them whole passes the file through to the view.
+    for chunk in &c.chunks {
+        fs::remove_file(store.object_path(chunk)).unwrap();
+    }
+    let m = mount_with_views(&store, &views, 64 << 20);
+    let path = m.path(FILE);
+    assert_eq!(view_state(&path), "ready", "views outlive the mount");
+    assert_eq!(fs::read(&path).unwrap(), expected);
+    let file = File::open(&path).unwrap();
+    // SAFETY: the mapping is read-only and dropped with the file; the mount never changes.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    assert!(map[..] == expected[..], "mmap reads the view too");
+    drop((map, file));
+    m.unmount();
+
+    // Without views the same mount has no bytes to give.
+    let m = mount(&store);
+    let err = fs::read(m.path(FILE)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert_eq!(xattr(&m.path(FILE), "user.tensorfs.view"), None);
+    m.unmount();
+}
+
+#[test]
+fn an_inode_open_through_the_page_cache_stays_so_until_its_last_handle_closes() {
+    let (tmp, store) = store();
+    let c = one_model(&store, 2);
+    let views = tmp.path().join("views");
+    let m = mount_with_views(&store, &views, 64 << 20);
+    let path = m.path(FILE);
+    assert_eq!(view_state(&path), "absent");
+    let mut cached = File::open(&path).unwrap();
+    let mut expected = Vec::new();
+    cached.read_to_end(&mut expected).unwrap();
+    // A second handle read whole and closed asks for the view while `cached` stays open.
+    assert_eq!(fs::read(&path).unwrap(), expected);
+    wait_for(|| view_state(&path) == "ready", "the view to be built");
+    // The kernel refuses a passthrough open beside a cached one (EIO to the caller): this one
+    // must be opened cached too.
+    let mut again = File::open(&path).unwrap();
+    let mut bytes = Vec::new();
+    again.read_to_end(&mut bytes).unwrap();
+    assert_eq!(bytes, expected);
+    drop((cached, again));
+
+    // All closed: the next opens pass through, and handles opened together share the view.
+    for chunk in &c.chunks {
+        fs::remove_file(store.object_path(chunk)).unwrap();
+    }
+    let first = File::open(&path).unwrap();
+    let second = File::open(&path).unwrap();
+    for mut f in [first, second] {
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).unwrap();
+        assert_eq!(bytes, expected);
+    }
+    m.unmount();
+}
+
+#[test]
+fn views_beyond_the_capacity_go_least_recently_opened_first() {
+    let (tmp, store) = store();
+    let a = commit(&store, Some("a"), 3);
+    let b = commit(&store, Some("b"), 4);
+    set_repo(
+        &store,
+        "local/x",
+        vec![release("1.0", &[("a", &a), ("b", &b)])],
+        vec![],
+    );
+    let views = tmp.path().join("views");
+    // Room for one 2.5 MiB view, not two.
+    let m = mount_with_views(&store, &views, 4 << 20);
+    let path_a = m.path("local/x/latest/a/model.safetensors");
+    let path_b = m.path("local/x/latest/b/model.safetensors");
+    let bytes_a = fs::read(&path_a).unwrap();
+    wait_for(|| view_state(&path_a) == "ready", "view a");
+    let bytes_b = fs::read(&path_b).unwrap();
+    wait_for(|| view_state(&path_b) == "ready", "view b");
+    assert_eq!(view_state(&path_a), "absent", "a made room for b");
+    assert_eq!(views_in(&views).len(), 1);
+    assert_eq!(fs::read(&path_a).unwrap(), bytes_a);
+    assert_eq!(fs::read(&path_b).unwrap(), bytes_b);
+    m.unmount();
+}
+
+#[test]
+fn a_file_read_in_part_or_too_large_for_the_cache_gets_no_view() {
+    let (tmp, store) = store();
+    one_model(&store, 5);
+    let views = tmp.path().join("views");
+    let m = mount_with_views(&store, &views, 1 << 20);
+    let path = m.path(FILE);
+    let mut head = [0u8; 4096];
+    File::open(&path).unwrap().read_exact(&mut head).unwrap();
+    assert_eq!(
+        view_state(&path),
+        "absent",
+        "a read of the head asks for nothing"
+    );
+    let whole = fs::read(&path).unwrap();
+    assert_eq!(&whole[..4096], &head[..]);
+    // Larger than the 1 MiB capacity: the build is refused, logged, and not tried again.
+    wait_for(|| logs().contains("larger than the cache"), "the refusal");
+    assert_eq!(view_state(&path), "absent");
+    assert!(views_in(&views).is_empty());
+    assert_eq!(fs::read(&path).unwrap(), whole);
+    m.unmount();
+}
+
+#[test]
+fn a_views_folder_that_cannot_be_made_leaves_the_mount_serving() {
+    let (tmp, store) = store();
+    one_model(&store, 6);
+    let not_a_folder = tmp.path().join("views");
+    fs::write(&not_a_folder, b"a file").unwrap();
+    let m = mount_with_views(&store, &not_a_folder, 64 << 20);
+    let path = m.path(FILE);
+    assert_eq!(
+        fs::read(&path).unwrap().len() as u64,
+        fs::metadata(&path).unwrap().len()
+    );
+    assert_eq!(
+        xattr(&path, "user.tensorfs.view"),
+        None,
+        "no views, no attribute"
+    );
+    assert!(logs().contains("no views in"));
+    m.unmount();
+}
