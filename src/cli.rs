@@ -204,6 +204,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
         return Err(format!("{text:?} is too large"));
     }
+    if bytes.fract() != 0.0 {
+        return Err(format!("{text:?} is not a whole number of bytes"));
+    }
     Ok(bytes as u64)
 }
 
@@ -236,8 +239,9 @@ mod tests {
         assert_eq!(parse_size("20G"), Ok(20 << 30));
         assert_eq!(parse_size("20GiB"), Ok(20 << 30));
         assert_eq!(parse_size("1.5k"), Ok(1536));
+        assert_eq!(parse_size("0.5G"), Ok(512 << 20));
         assert_eq!(parse_size("2 TB"), Ok(2 << 40));
-        for bad in ["", "G", "-1G", "1X", "20000000T"] {
+        for bad in ["", "G", "-1G", "1X", "20000000T", "0.4", "1.5"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
     }

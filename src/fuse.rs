@@ -91,7 +91,16 @@ impl Passthrough {
             let id = backing.and_then(|file| {
                 reply
                     .open_backing(&file)
-                    .map_err(|e| tracing::warn!("no passthrough for inode {ino}: {e}"))
+                    .map_err(|e| {
+                        // Refused once (no CAP_SYS_ADMIN, a stacked filesystem under the store
+                        // or the views: ELOOP), refused always: say so once and stop asking.
+                        tracing::warn!(
+                            "the kernel refuses passthrough ({e}); every file is served by the \
+                             daemon from now on (views need a local filesystem and root)"
+                        );
+                        self.enabled
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                    })
                     .ok()
             });
             match id {

@@ -29,8 +29,9 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -114,6 +115,8 @@ impl Index {
 struct Job {
     key: Sha256,
     content: Content,
+    /// What the file is, for the log.
+    label: String,
 }
 
 /// The views of one mount: looks them up and builds them on one background thread.
@@ -121,6 +124,14 @@ pub struct ViewCache {
     config: ViewConfig,
     index: Arc<Mutex<Index>>,
     jobs: Mutex<Sender<Job>>,
+    /// Set when the cache is dropped: a build under way stops and removes its file.
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for ViewCache {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for ViewCache {
@@ -138,8 +149,7 @@ impl ViewCache {
     /// # Errors
     /// The folder cannot be created or listed.
     pub fn open(config: ViewConfig, source: Arc<dyn ObjectSource>) -> io::Result<ViewCache> {
-        fs::create_dir_all(&config.dir)?;
-        fs::set_permissions(&config.dir, fs::Permissions::from_mode(0o700))?;
+        claim(&config.dir)?;
         let mut found = Vec::new();
         for entry in fs::read_dir(&config.dir)? {
             let entry = entry?;
@@ -164,13 +174,16 @@ impl ViewCache {
             index.clock += 1;
             index.ready.insert(key, (size, index.clock));
         }
-        let index = Arc::new(Mutex::new(index));
-        let (jobs, queue) = mpsc::channel::<Job>();
         let builder = Builder {
             config: config.clone(),
-            index: index.clone(),
+            index: Arc::new(Mutex::new(index)),
             source,
+            stop: Arc::default(),
         };
+        // A smaller capacity than last time takes effect now.
+        builder.evict(&mut lock(&builder.index));
+        let (index, stop) = (builder.index.clone(), builder.stop.clone());
+        let (jobs, queue) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("tensorfs-views".into())
             .spawn(move || {
@@ -183,6 +196,7 @@ impl ViewCache {
             config,
             index,
             jobs: Mutex::new(jobs),
+            stop,
         })
     }
 
@@ -194,20 +208,30 @@ impl ViewCache {
     /// The built view `key` of a file of `size` bytes, open to read; `None` when there is none
     /// (a view of another size is removed).
     pub fn file(&self, key: &Sha256, size: u64) -> Option<File> {
-        let mut index = lock(&self.index);
-        index.ready.get(key)?;
+        lock(&self.index).ready.get(key)?;
+        // Opened without the lock, so a slow folder stalls this open alone; not following a
+        // link and not waiting on a FIFO someone put there.
         let path = self.config.dir.join(key.hex());
-        match File::open(&path).and_then(|f| Ok((f.metadata()?.len(), f))) {
-            Ok((len, file)) if len == size => {
+        let opened = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .and_then(|f| Ok((f.metadata()?, f)));
+        let mut index = lock(&self.index);
+        match opened {
+            Ok((meta, file)) if meta.is_file() && meta.len() == size => {
                 index.touch(key);
                 Some(file)
             }
-            Ok((len, _)) => {
+            Ok((meta, _)) => {
                 tracing::warn!(
-                    "removing view {}: {len} bytes where its file has {size}",
-                    path.display()
+                    "removing view {}: not a file of {size} bytes ({} bytes)",
+                    path.display(),
+                    meta.len()
                 );
-                let _ = fs::remove_file(&path);
+                if meta.is_file() {
+                    let _ = fs::remove_file(&path);
+                }
                 index.ready.remove(key);
                 None
             }
@@ -221,19 +245,28 @@ impl ViewCache {
 
     /// Where view `key` stands.
     pub fn state(&self, key: &Sha256) -> ViewState {
-        let index = lock(&self.index);
-        if index.ready.contains_key(key) {
-            ViewState::Ready
-        } else if index.building.contains(key) {
+        let mut index = lock(&self.index);
+        if let Some(&(size, _)) = index.ready.get(key) {
+            // Another mount sharing the folder may have evicted it.
+            let path = self.config.dir.join(key.hex());
+            match fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_file() && meta.len() == size => return ViewState::Ready,
+                _ => {
+                    index.ready.remove(key);
+                }
+            }
+        }
+        if index.building.contains(key) {
             ViewState::Building
         } else {
             ViewState::Absent
         }
     }
 
-    /// Asks for view `key` of `content` to be built, unless it is built, being built, failed
-    /// before, or the file is smaller than [`ViewConfig::min_file_bytes`]. Never waits.
-    pub fn request(&self, key: Sha256, content: &Content) {
+    /// Asks for view `key` of `content` (the file `label` names, for the log) to be built,
+    /// unless it is built, being built, failed before, or the file is smaller than
+    /// [`ViewConfig::min_file_bytes`]. Never waits.
+    pub fn request(&self, key: Sha256, content: &Content, label: &str) {
         if content.size() < self.config.min_file_bytes {
             return;
         }
@@ -249,6 +282,7 @@ impl ViewCache {
         let job = Job {
             key,
             content: content.clone(),
+            label: label.to_owned(),
         };
         if lock(&self.jobs).send(job).is_err() {
             lock(&self.index).building.remove(&key);
@@ -261,6 +295,7 @@ struct Builder {
     config: ViewConfig,
     index: Arc<Mutex<Index>>,
     source: Arc<dyn ObjectSource>,
+    stop: Arc<AtomicBool>,
 }
 
 impl Builder {
@@ -273,13 +308,13 @@ impl Builder {
             Ok(()) => {
                 index.ready.insert(job.key, (size, 0));
                 index.touch(&job.key);
-                tracing::debug!("built view {} ({size} bytes)", job.key);
+                tracing::debug!("built view {} of {} ({size} bytes)", job.key, job.label);
                 self.evict(&mut index);
             }
             Err(e) => {
                 tracing::warn!(
                     "no view of {} ({size} bytes) in {}: {e}",
-                    job.key,
+                    job.label,
                     self.config.dir.display()
                 );
                 index.failed.insert(job.key);
@@ -307,7 +342,7 @@ impl Builder {
             std::process::id(),
             job.key.hex()
         ));
-        let written = write_view(&temp, &job.content, self.source.as_ref())
+        let written = write_view(&temp, &job.content, self.source.as_ref(), &self.stop)
             .and_then(|()| fs::rename(&temp, self.config.dir.join(job.key.hex())));
         if written.is_err() {
             let _ = fs::remove_file(&temp);
@@ -337,7 +372,12 @@ impl Builder {
 }
 
 /// Writes `content` to a new file at `path`, flushed to disk and read-only.
-fn write_view(path: &Path, content: &Content, source: &dyn ObjectSource) -> io::Result<()> {
+fn write_view(
+    path: &Path,
+    content: &Content,
+    source: &dyn ObjectSource,
+    stop: &AtomicBool,
+) -> io::Result<()> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -347,6 +387,9 @@ fn write_view(path: &Path, content: &Content, source: &dyn ObjectSource) -> io::
     let mut buf = vec![0u8; BUILD_BLOCK_BYTES];
     let mut offset = 0u64;
     while offset < size {
+        if stop.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the mount ended"));
+        }
         let n = content.read_at(source, offset, &mut buf)?;
         if n == 0 {
             return Err(io::Error::new(
@@ -360,6 +403,31 @@ fn write_view(path: &Path, content: &Content, source: &dyn ObjectSource) -> io::
     file.sync_all()?;
     file.set_permissions(fs::Permissions::from_mode(0o400))?;
     Ok(())
+}
+
+/// The file that marks a folder as views' (so an existing folder given by mistake, such as
+/// `/tmp`, is neither chmod-ed nor emptied by eviction).
+const MARKER: &str = ".tensorfs-views";
+
+/// Makes `dir` a views folder: a new one (mode 0700) or an empty one gets the marker; an
+/// existing one must hold it already.
+fn claim(dir: &Path) -> io::Result<()> {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {
+            let marked = dir.join(MARKER).is_file();
+            if !marked && fs::read_dir(dir)?.next().is_some() {
+                return Err(io::Error::other(
+                    "the folder holds other files; give views a folder of their own",
+                ));
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    fs::write(
+        dir.join(MARKER),
+        b"views of a TensorFS mount (tensorfs mount --view-cache)\n",
+    )
 }
 
 /// Bytes an unprivileged writer may still use on the filesystem of `dir`.

@@ -6,6 +6,7 @@ mod fuse_support;
 
 use std::fs::{self, File};
 use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use fuse_support::*;
@@ -57,10 +58,12 @@ fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     })
 }
 
+/// The files of views folder `dir` but its marker: views and temporary files.
 fn views_in(dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with(".tensorfs-views"))
         .collect();
     found.sort();
     found
@@ -218,5 +221,75 @@ fn a_views_folder_that_cannot_be_made_leaves_the_mount_serving() {
         "no views, no attribute"
     );
     assert!(logs().contains("no views in"));
+    m.unmount();
+}
+
+#[test]
+fn a_folder_that_holds_other_files_is_not_taken_for_views() {
+    let (tmp, store) = store();
+    one_model(&store, 7);
+    let theirs = tmp.path().join("shared");
+    fs::create_dir(&theirs).unwrap();
+    fs::set_permissions(&theirs, fs::Permissions::from_mode(0o1777)).unwrap();
+    let precious = theirs.join("a".repeat(64));
+    fs::write(&precious, b"not a view").unwrap();
+    let m = mount_with_views(&store, &theirs, 64 << 20);
+    let path = m.path(FILE);
+    assert!(!fs::read(&path).unwrap().is_empty());
+    assert_eq!(xattr(&path, "user.tensorfs.view"), None, "no views there");
+    assert!(logs().contains("holds other files"));
+    m.unmount();
+    assert_eq!(fs::read(&precious).unwrap(), b"not a view");
+    assert_eq!(
+        fs::metadata(&theirs).unwrap().permissions().mode() & 0o7777,
+        0o1777,
+        "its mode is left alone"
+    );
+}
+
+#[test]
+fn a_view_that_is_not_a_file_is_dropped_without_stalling_opens() {
+    let (tmp, store) = store();
+    one_model(&store, 8);
+    let views = tmp.path().join("views");
+    let m = mount_with_views(&store, &views, 64 << 20);
+    let expected = fs::read(m.path(FILE)).unwrap();
+    wait_for(
+        || view_state(&m.path(FILE)) == "ready",
+        "the view to be built",
+    );
+    m.unmount();
+    let view = views_in(&views).pop().unwrap();
+    fs::remove_file(&view).unwrap();
+    let c = std::ffi::CString::new(view.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+
+    let m = mount_with_views(&store, &views, 64 << 20);
+    // A FIFO opened to read would wait for a writer; the open must not.
+    assert_eq!(fs::read(m.path(FILE)).unwrap(), expected);
+    assert!(logs().contains("not a file of"));
+    m.unmount();
+}
+
+#[test]
+fn views_beyond_a_smaller_capacity_go_when_the_mount_starts() {
+    let (tmp, store) = store();
+    one_model(&store, 9);
+    let views = tmp.path().join("views");
+    let m = mount_with_views(&store, &views, 64 << 20);
+    let path = m.path(FILE);
+    let expected = fs::read(&path).unwrap();
+    wait_for(|| view_state(&path) == "ready", "the view to be built");
+    m.unmount();
+    assert_eq!(views_in(&views).len(), 1);
+
+    let m = mount_with_views(&store, &views, 1 << 20);
+    assert!(
+        views_in(&views).is_empty(),
+        "the 2.5 MiB view is over the new 1 MiB"
+    );
+    assert_eq!(view_state(&m.path(FILE)), "absent");
+    assert_eq!(fs::read(m.path(FILE)).unwrap(), expected);
     m.unmount();
 }

@@ -75,6 +75,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let store = crate::store::Store::open_existing(&store)?
         .root()
         .to_path_buf();
+    if args.view_dir.is_some() && args.view_cache == 0 {
+        anyhow::bail!("--view-dir needs --view-cache SIZE (views are off without it)");
+    }
     let mountpoint = session::check_mountpoint(&args.mountpoint)?;
     let remote = args.endpoint.as_ref().map(|endpoint| LazyConfig {
         token: args.token.clone().filter(|t| !t.is_empty()),

@@ -339,7 +339,8 @@ impl TensorFs {
                 // cache hides later handles' reads, so this read asks, not a release).
                 if let (Some(views), Content::Safetensors(plan)) = (&self.views, &file.content) {
                     if offset.saturating_add(n as u64) >= size {
-                        views.request(plan.digest(), &file.content);
+                        let label = format!("{} {}", file.lane.commit.id(), file.path);
+                        views.request(plan.digest(), &file.content, &label);
                     }
                 }
             })
