@@ -56,6 +56,9 @@ impl FuseAdapter {
 struct Passthrough {
     /// Whether the kernel agreed to passthrough at `init`.
     enabled: std::sync::atomic::AtomicBool,
+    /// Whether registering a backing file failed once (no CAP_SYS_ADMIN, a stacked filesystem):
+    /// no inode enters passthrough after that, while those already in it stay.
+    refused: std::sync::atomic::AtomicBool,
     /// The open inodes' modes.
     inodes: std::sync::Mutex<std::collections::HashMap<u64, IoMode>>,
 }
@@ -88,21 +91,23 @@ impl Passthrough {
     ) {
         let mut inodes = self.inodes();
         let mode = inodes.entry(ino).or_insert_with(|| {
-            let id = backing.and_then(|file| {
-                reply
-                    .open_backing(&file)
-                    .map_err(|e| {
-                        // Refused once (no CAP_SYS_ADMIN, a stacked filesystem under the store
-                        // or the views: ELOOP), refused always: say so once and stop asking.
-                        tracing::warn!(
-                            "the kernel refuses passthrough ({e}); every file is served by the \
-                             daemon from now on (views need a local filesystem and root)"
-                        );
-                        self.enabled
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
-                    })
-                    .ok()
-            });
+            let refused = &self.refused;
+            let id = backing
+                .filter(|_| !refused.load(std::sync::atomic::Ordering::Relaxed))
+                .and_then(|file| {
+                    reply
+                        .open_backing(&file)
+                        .map_err(|e| {
+                            // Refused once (no CAP_SYS_ADMIN, a stacked filesystem under the
+                            // store or the views: ELOOP), refused always: say so once.
+                            tracing::warn!(
+                                "the kernel refuses passthrough ({e}); files are served by the \
+                                 daemon from now on (views need a local filesystem and root)"
+                            );
+                            refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                        })
+                        .ok()
+                });
             match id {
                 Some(id) => IoMode::Passthrough(0, id),
                 None => IoMode::Cached(0),

@@ -293,3 +293,62 @@ fn views_beyond_a_smaller_capacity_go_when_the_mount_starts() {
     assert_eq!(fs::read(m.path(FILE)).unwrap(), expected);
     m.unmount();
 }
+
+/// An overlayfs at `dir/merged` (over `dir/lower`), unmounted on drop.
+struct Overlay(PathBuf);
+
+impl Overlay {
+    fn new(dir: &Path) -> Overlay {
+        for sub in ["lower", "upper", "work", "merged"] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            dir.join("lower").display(),
+            dir.join("upper").display(),
+            dir.join("work").display()
+        );
+        let merged = dir.join("merged");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &options])
+            .arg(&merged)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mounting an overlayfs needs root");
+        Overlay(merged)
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_kernel_that_refuses_passthrough_is_told_once_and_every_open_still_reads() {
+    let (tmp, store) = store();
+    let c = one_model(&store, 10);
+    // Views on overlayfs: a backing file there is one stacking level too deep (ELOOP).
+    let overlay = Overlay::new(&tmp.path().join("overlay"));
+    let views = overlay.0.join("views");
+    let m = mount_with_views(&store, &views, 64 << 20);
+    let path = m.path(FILE);
+    let readme = m.path("local/x/latest/bf16/README.md");
+    // The README's blob is on the store's local filesystem: it passes through, and stays so
+    // while this handle is open, refusal or not (a page-cache open beside it would be EIO).
+    let held = File::open(&readme).unwrap();
+    let expected = fs::read(&path).unwrap();
+    wait_for(|| view_state(&path) == "ready", "the view to be built");
+    for _ in 0..3 {
+        assert_eq!(fs::read(&path).unwrap(), expected);
+        assert_eq!(fs::read(&readme).unwrap(), c.readme);
+    }
+    drop(held);
+    assert_eq!(fs::read(&readme).unwrap(), c.readme);
+    assert_eq!(logs().matches("the kernel refuses passthrough").count(), 1);
+    m.unmount();
+}
