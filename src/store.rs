@@ -317,6 +317,48 @@ fn check_format(record: &Path, bytes: &[u8]) -> StoreResult<()> {
     }
 }
 
+/// The size of a filesystem (the one holding the store, or the mount's views), in blocks of
+/// `block_bytes`, as `statvfs(2)` gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// All blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub free_blocks: u64,
+    /// Free blocks unprivileged users may use.
+    pub available_blocks: u64,
+    /// Bytes per block.
+    pub block_bytes: u32,
+}
+
+impl Capacity {
+    /// The filesystem holding `path`.
+    ///
+    /// # Errors
+    /// `statvfs` fails (the path is missing, or holds a NUL).
+    pub fn of(path: &Path) -> io::Result<Capacity> {
+        let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+        // SAFETY: statvfs writes into the zeroed struct we own; `path` is NUL-terminated.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Capacity {
+            blocks: st.f_blocks,
+            free_blocks: st.f_bfree,
+            available_blocks: st.f_bavail,
+            block_bytes: st.f_frsize as u32,
+        })
+    }
+
+    /// Bytes unprivileged users may still write.
+    pub fn available_bytes(&self) -> u64 {
+        self.available_blocks
+            .saturating_mul(u64::from(self.block_bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,7 @@ use std::time::SystemTime;
 
 use crate::format::Sha256;
 use crate::layout::{Content, ObjectSource};
+use crate::store::Capacity;
 
 /// Free space a build must leave on the views' filesystem, in bytes (1 GiB).
 pub const RESERVE_BYTES: u64 = 1 << 30;
@@ -331,7 +332,7 @@ impl Builder {
                 self.config.capacity_bytes
             )));
         }
-        let free = free_bytes(&self.config.dir)?;
+        let free = Capacity::of(&self.config.dir)?.available_bytes();
         if free < size.saturating_add(RESERVE_BYTES) {
             return Err(io::Error::other(format!(
                 "{free} bytes free; a view must leave {RESERVE_BYTES}"
@@ -428,19 +429,6 @@ fn claim(dir: &Path) -> io::Result<()> {
         dir.join(MARKER),
         b"views of a TensorFS mount (tensorfs mount --view-cache)\n",
     )
-}
-
-/// Bytes an unprivileged writer may still use on the filesystem of `dir`.
-fn free_bytes(dir: &Path) -> io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| io::Error::other("a NUL in the views' folder"))?;
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `path` is NUL-terminated and `stat` is a valid out-pointer.
-    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }
 
 /// Whether process `pid` still runs (a temporary file of a live build is left alone).

@@ -42,18 +42,7 @@ pub struct LaneContents {
     pub mtime: SystemTime,
 }
 
-/// The size of the filesystem holding the store, in blocks of `block_bytes`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capacity {
-    /// All blocks.
-    pub blocks: u64,
-    /// Free blocks.
-    pub free_blocks: u64,
-    /// Free blocks unprivileged users may use.
-    pub available_blocks: u64,
-    /// Bytes per block.
-    pub block_bytes: u32,
-}
+pub use crate::store::Capacity;
 
 /// The store as the namespace sees it. Implementations are called from many threads.
 pub trait Catalog: Send + Sync {
@@ -164,18 +153,7 @@ impl Catalog for StoreCatalog {
     }
 
     fn capacity(&self) -> Option<Capacity> {
-        let path = std::ffi::CString::new(self.store.root().as_os_str().as_encoded_bytes()).ok()?;
-        // SAFETY: statvfs writes into the zeroed struct we own; `path` is NUL-terminated.
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-            return None;
-        }
-        Some(Capacity {
-            blocks: st.f_blocks,
-            free_blocks: st.f_bfree,
-            available_blocks: st.f_bavail,
-            block_bytes: st.f_frsize as u32,
-        })
+        Capacity::of(self.store.root()).ok()
     }
 }
 
