@@ -106,6 +106,19 @@ impl BlobReader {
         Ok(open)
     }
 
+    /// Whether `open`'s blob still has the inode stamp it was proven with; when not, it is
+    /// dropped from the open blobs, so the next use opens and proves it again.
+    ///
+    /// # Errors
+    /// The blob's metadata cannot be read.
+    fn unchanged(&self, object: &ObjectRef, open: &Open) -> io::Result<bool> {
+        let same = Stamp::of(&open.blob.file().metadata()?) == open.stamp;
+        if !same {
+            lock(&self.open).pop(&object.sha256);
+        }
+        Ok(same)
+    }
+
     /// Opens `object`'s blob and proves its bytes: the ledger shows the inode unchanged since it
     /// was hashed, or it is hashed now.
     fn prove(&self, object: &ObjectRef) -> io::Result<Open> {
@@ -163,12 +176,9 @@ impl ObjectSource for BlobReader {
 
     fn backing_file(&self, object: &ObjectRef) -> Option<File> {
         let open = self.get(object).ok()?;
-        // The proof holds for the inode the stamp names; a blob replaced since is proven anew.
-        if Stamp::of(&open.blob.file().metadata().ok()?) != open.stamp {
-            lock(&self.open).pop(&object.sha256);
-            return None;
-        }
-        open.blob.file().try_clone().ok()
+        self.unchanged(object, &open)
+            .ok()?
+            .then(|| open.blob.file().try_clone().ok())?
     }
 
     fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
@@ -212,8 +222,7 @@ impl ObjectSource for BlobReader {
                 if opens[..k].iter().any(|o| Arc::ptr_eq(o, open)) {
                     continue;
                 }
-                if Stamp::of(&open.blob.file().metadata()?) != open.stamp {
-                    lock(&self.open).pop(&r.object.sha256);
+                if !self.unchanged(r.object, open)? {
                     changed = true;
                 }
             }
