@@ -124,7 +124,7 @@ struct Job {
 pub struct ViewCache {
     config: ViewConfig,
     index: Arc<Mutex<Index>>,
-    jobs: Mutex<Sender<Job>>,
+    jobs: Sender<Job>,
     /// Set when the cache is dropped: a build under way stops and removes its file.
     stop: Arc<AtomicBool>,
 }
@@ -196,7 +196,7 @@ impl ViewCache {
         Ok(ViewCache {
             config,
             index,
-            jobs: Mutex::new(jobs),
+            jobs,
             stop,
         })
     }
@@ -285,7 +285,7 @@ impl ViewCache {
             content: content.clone(),
             label: label.to_owned(),
         };
-        if lock(&self.jobs).send(job).is_err() {
+        if self.jobs.send(job).is_err() {
             lock(&self.index).building.remove(&key);
         }
     }
@@ -301,6 +301,10 @@ struct Builder {
 
 impl Builder {
     fn build(&self, job: Job) {
+        // Jobs still queued when the mount ends are dropped unannounced.
+        if self.stop.load(Ordering::Relaxed) {
+            return;
+        }
         let size = job.content.size();
         let result = self.write(&job);
         let mut index = lock(&self.index);
@@ -312,6 +316,7 @@ impl Builder {
                 tracing::debug!("built view {} of {} ({size} bytes)", job.key, job.label);
                 self.evict(&mut index);
             }
+            Err(_) if self.stop.load(Ordering::Relaxed) => {}
             Err(e) => {
                 tracing::warn!(
                     "no view of {} ({size} bytes) in {}: {e}",
