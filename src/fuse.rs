@@ -26,6 +26,7 @@ use fuser::{
 pub use session::{mount, spawn, unmount, MountConfig, MountError, MountHandle};
 
 use crate::fs::{Attr, FsError, Kind, TensorFs, XattrReply};
+use crate::sync::lock;
 
 /// Largest read request asked of the kernel (and the readahead window), in bytes.
 pub const MAX_READ_BYTES: u32 = 1 << 20;
@@ -75,10 +76,6 @@ impl Passthrough {
         self.enabled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn inodes(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, IoMode>> {
-        self.inodes.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Answers the open of `ino` as handle `fh`, passing it through to `backing` when the
     /// inode's mode allows.
     fn reply(
@@ -89,7 +86,7 @@ impl Passthrough {
         backing: Option<std::fs::File>,
         reply: ReplyOpen,
     ) {
-        let mut inodes = self.inodes();
+        let mut inodes = lock(&self.inodes);
         let mode = inodes.entry(ino).or_insert_with(|| {
             let refused = &self.refused;
             let id = backing
@@ -131,7 +128,7 @@ impl Passthrough {
 
     /// Notes the release of one handle of `ino`; the last one unregisters its backing file.
     fn release(&self, ino: u64) {
-        let mut inodes = self.inodes();
+        let mut inodes = lock(&self.inodes);
         let last = match inodes.get_mut(&ino) {
             Some(IoMode::Cached(n) | IoMode::Passthrough(n, _)) => {
                 *n = n.saturating_sub(1);

@@ -26,6 +26,7 @@ use crate::format::{Hasher, ObjectRef, Sha256};
 use crate::layout::{ObjectRead, ObjectSource};
 use crate::store::verified::{Ledger, Stamp};
 use crate::store::{Store, StoreError};
+use crate::sync::lock;
 pub use backend::{Backend, Blob};
 
 /// Settings of a [`BlobReader`]. The default backend is the one `TENSORFS_IO` names, else
@@ -159,10 +160,6 @@ fn damaged(path: &std::path::Path, found: Option<&ObjectRef>) -> io::Error {
             path.display()
         ),
     )
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ObjectSource for BlobReader {

@@ -19,4 +19,5 @@ pub mod quantize;
 pub mod remote;
 pub mod revisions;
 pub mod store;
+mod sync;
 pub mod views;

@@ -39,6 +39,7 @@ use std::time::SystemTime;
 use crate::format::Sha256;
 use crate::layout::{Content, ObjectSource};
 use crate::store::Capacity;
+use crate::sync::lock;
 
 /// Free space a build must leave on the views' filesystem, in bytes (1 GiB).
 pub const RESERVE_BYTES: u64 = 1 << 30;
@@ -442,8 +443,4 @@ fn alive(pid: i32) -> bool {
     unsafe {
         libc::kill(pid, 0) == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -19,6 +19,7 @@ use super::Cli;
 use crate::format::{ObjectRef, Sha256};
 use crate::io::hash_file;
 use crate::store::Store;
+use crate::sync::lock;
 
 /// Arguments of `verify`.
 #[derive(Debug, clap::Args)]
@@ -168,7 +169,7 @@ fn hash_all(store: &Store, blobs: &[ObjectRef]) -> Vec<ObjectRef> {
                     .and_then(|f| hash_file(&f))
                     .is_ok_and(|found| found == *object);
                 if !ok {
-                    bad.lock().unwrap_or_else(|e| e.into_inner()).push(*object);
+                    lock(&bad).push(*object);
                 }
                 if let Some(bar) = &bar {
                     bar.inc(object.length);

@@ -14,6 +14,7 @@ use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use super::{LaneRef, ROOT_INO};
+use crate::sync::{read, write};
 
 /// What an inode is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,18 +134,14 @@ impl Default for InodeTable {
 impl InodeTable {
     /// Inode `ino`, if it was given out.
     pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
-        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        let table = read(&self.table);
         let index = usize::try_from(ino.checked_sub(1)?).ok()?;
         table.nodes.get(index).cloned()
     }
 
     /// How many inodes were given out.
     pub fn len(&self) -> u64 {
-        self.table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .nodes
-            .len() as u64
+        read(&self.table).nodes.len() as u64
     }
 
     /// Whether only the root exists.
@@ -166,7 +163,7 @@ impl InodeTable {
         if let Some(found) = self.lookup(|t| t.dirs.get(&key).copied()) {
             return found;
         }
-        let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut table = write(&self.table);
         if let Some(&ino) = table.dirs.get(&key) {
             return table.nodes[ino as usize - 1].clone();
         }
@@ -188,7 +185,7 @@ impl InodeTable {
         if let Some(found) = self.lookup(|t| t.files.get(&key).copied()) {
             return found;
         }
-        let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut table = write(&self.table);
         if let Some(&ino) = table.files.get(&key) {
             return table.nodes[ino as usize - 1].clone();
         }
@@ -204,7 +201,7 @@ impl InodeTable {
     }
 
     fn lookup(&self, find: impl FnOnce(&Table) -> Option<u64>) -> Option<Arc<Inode>> {
-        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        let table = read(&self.table);
         find(&table).map(|ino| table.nodes[ino as usize - 1].clone())
     }
 }

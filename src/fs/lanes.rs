@@ -13,6 +13,7 @@ use lru::LruCache;
 
 use super::{LaneContents, LaneRef};
 use crate::layout::LaneFile;
+use crate::sync::lock;
 
 /// What a name in a lane folder is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,27 +140,19 @@ impl LaneCache {
         key: &LaneRef,
         build: impl FnOnce() -> Result<LaneContents, E>,
     ) -> Result<Arc<Lane>, E> {
-        if let Some(lane) = self
-            .lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-        {
+        if let Some(lane) = lock(&self.lanes).get(key) {
             return Ok(lane.clone());
         }
         // Built without the lock: reading a header can take a while and must not stall
         // lookups in other lanes.
         let lane = Arc::new(Lane::new(*key, build()?));
-        self.lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .put(*key, lane.clone());
+        lock(&self.lanes).put(*key, lane.clone());
         Ok(lane)
     }
 
     /// How many lanes are cached.
     pub fn len(&self) -> usize {
-        self.lanes.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock(&self.lanes).len()
     }
 
     /// Whether no lane is cached.

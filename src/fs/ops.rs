@@ -26,6 +26,7 @@ use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{attrs, Content, LaneView, ObjectSource};
 use crate::revisions;
 use crate::store::Store;
+use crate::sync::{lock, read};
 use crate::views::{ViewCache, ViewState};
 
 /// [`OpenFile::read_end`] before the handle's first read.
@@ -248,10 +249,7 @@ impl TensorFs {
 
     /// Closes a handle of [`TensorFs::opendir`] or [`TensorFs::open`].
     pub fn release(&self, fh: u64) {
-        self.handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh);
+        lock(&self.handles).remove(&fh);
     }
 
     /// Opens file `ino` to read.
@@ -523,12 +521,7 @@ impl TensorFs {
     }
 
     fn attr(&self, inode: &Inode) -> FsResult<Attr> {
-        let snapshot = || {
-            self.snapshot
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-        };
+        let snapshot = || read(&self.snapshot).clone();
         let (kind, size, mtime) = match &inode.node {
             Node::Root => (Kind::Directory, 0, self.mounted_at),
             Node::Org { org } => {
@@ -667,19 +660,12 @@ impl TensorFs {
 
     fn add_handle(&self, handle: Handle) -> u64 {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(fh, handle);
+        lock(&self.handles).insert(fh, handle);
         fh
     }
 
     fn handle(&self, fh: u64) -> Option<Handle> {
-        self.handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&fh)
-            .cloned()
+        lock(&self.handles).get(&fh).cloned()
     }
 }
 

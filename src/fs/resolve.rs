@@ -11,6 +11,7 @@ use super::namespace::Snapshot;
 use super::{CommitError, FsError, FsResult, LaneRef, TensorFs, DECODED_SUFFIX};
 use crate::format::ObjectRef;
 use crate::revisions;
+use crate::sync::{lock, read, write};
 
 /// How long an error about one commit or file is not logged again.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
@@ -23,7 +24,7 @@ impl TensorFs {
     /// The current refs, re-read first when the check interval passed and they changed.
     pub(super) fn snapshot(&self) -> FsResult<Arc<Snapshot>> {
         {
-            let mut state = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = lock(&self.refresh);
             let due = state
                 .checked
                 .is_none_or(|at| at.elapsed() >= self.config.refs_check_interval);
@@ -32,17 +33,12 @@ impl TensorFs {
                 let signature = self.catalog.refs_signature().map_err(FsError::Refs)?;
                 if state.signature != Some(signature) {
                     let repos = self.catalog.repos().map_err(FsError::Refs)?;
-                    *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) =
-                        Arc::new(Snapshot::new(repos));
+                    *write(&self.snapshot) = Arc::new(Snapshot::new(repos));
                     state.signature = Some(signature);
                 }
             }
         }
-        Ok(self
-            .snapshot
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone())
+        Ok(read(&self.snapshot).clone())
     }
 
     /// The lane folders of revision `rev` of repo `org/name`, each lane with encoded tensors
@@ -88,22 +84,14 @@ impl TensorFs {
     }
 
     pub(super) fn commit_lane(&self, commit: &ObjectRef) -> FsResult<CommitLane> {
-        if let Some(lane) = self
-            .commit_lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&commit.sha256)
-        {
+        if let Some(lane) = lock(&self.commit_lanes).get(&commit.sha256) {
             return Ok(lane.clone());
         }
         let lane = self
             .catalog
             .commit_lane(commit)
             .map_err(|source| self.commit_error(commit, source))?;
-        self.commit_lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(commit.sha256, lane.clone());
+        lock(&self.commit_lanes).insert(commit.sha256, lane.clone());
         Ok(lane)
     }
 
@@ -125,7 +113,7 @@ impl TensorFs {
     /// Logs `err` once per [`REPORT_EVERY`] for `key`, so a reader retrying a broken file
     /// does not flood the log.
     pub(super) fn report(&self, key: String, err: &FsError) {
-        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reported = lock(&self.reported);
         let now = Instant::now();
         if reported
             .get(&key)

@@ -24,6 +24,7 @@ use std::time::SystemTime;
 use super::ImportError;
 use crate::format::Location;
 use crate::store::{Staged, Store};
+use crate::sync::lock;
 
 /// Parts this long or longer are standalone.
 pub const STANDALONE_BYTES: u64 = 16 << 20;
@@ -253,7 +254,7 @@ pub(crate) fn write(
                         progress(job.length);
                     }
                     let failed = result.is_err();
-                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
+                    lock(&results)[i] = Some(result);
                     if failed {
                         // Stop handing out work: the import fails anyway.
                         next.store(u64::MAX / 2, Ordering::Relaxed);

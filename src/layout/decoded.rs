@@ -16,6 +16,7 @@ use lru::LruCache;
 use super::ObjectSource;
 use crate::decode::{self, Encoded, Part};
 use crate::format::{Body, Header, ObjectRef, Sha256};
+use crate::sync::lock;
 
 /// A decoded tensor: (header, component, tensor).
 type Key = (Sha256, usize, usize);
@@ -47,10 +48,6 @@ pub fn cache_budget_bytes() -> u64 {
             << 20
     });
     *BUDGET
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Fills `buf` with the decoded bytes of tensor `at` = (component, tensor) of `header` from

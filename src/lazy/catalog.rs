@@ -35,6 +35,7 @@ use crate::remote::client::FetchError;
 use crate::remote::is_local;
 use crate::remote::origin::Origin;
 use crate::store::{Store, StoreError};
+use crate::sync::{lock, read, write};
 
 /// The endpoint's models as last read.
 #[derive(Debug, Default)]
@@ -368,18 +369,6 @@ impl Catalog for RemoteCatalog {
     fn store_root(&self) -> Option<&Path> {
         self.local.store_root()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

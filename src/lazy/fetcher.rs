@@ -16,6 +16,7 @@ use crate::remote::admit::{admit, AdmitError};
 use crate::remote::client::FetchError;
 use crate::remote::origin::Origin;
 use crate::store::Store;
+use crate::sync::lock;
 
 /// A transfer that failed: the object, the endpoint and why.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -303,8 +304,4 @@ impl Drop for Fetcher {
             runtime.shutdown_background();
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

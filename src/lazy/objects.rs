@@ -11,6 +11,7 @@ use crate::format::{ObjectRef, Sha256};
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{ObjectRead, ObjectSource};
 use crate::store::Store;
+use crate::sync::{read, write};
 
 /// Reads objects from the store, fetching the missing ones from the endpoint first.
 #[derive(Debug)]
@@ -34,7 +35,7 @@ impl FetchingSource {
     /// Fetches those of `objects` not known present.
     fn ensure(&self, objects: &[ObjectRef]) -> io::Result<()> {
         let missing: Vec<ObjectRef> = {
-            let present = self.present.read().unwrap_or_else(|e| e.into_inner());
+            let present = read(&self.present);
             let mut missing: Vec<ObjectRef> = Vec::new();
             for object in objects {
                 if !present.contains(&object.sha256) && !missing.contains(object) {
@@ -47,13 +48,13 @@ impl FetchingSource {
             return Ok(());
         }
         self.fetcher.ensure(&missing).map_err(|e| e.to_io())?;
-        let mut present = self.present.write().unwrap_or_else(|e| e.into_inner());
+        let mut present = write(&self.present);
         present.extend(missing.iter().map(|o| o.sha256));
         Ok(())
     }
 
     fn forget(&self, objects: &[ObjectRef]) {
-        let mut present = self.present.write().unwrap_or_else(|e| e.into_inner());
+        let mut present = write(&self.present);
         for object in objects {
             present.remove(&object.sha256);
         }
@@ -84,7 +85,7 @@ impl ObjectSource for FetchingSource {
     }
 
     fn prefetch(&self, objects: &[ObjectRef]) {
-        let present = self.present.read().unwrap_or_else(|e| e.into_inner());
+        let present = read(&self.present);
         let wanted: Vec<ObjectRef> = objects
             .iter()
             .filter(|o| !present.contains(&o.sha256))

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use super::verified::Ledger;
 use super::{io_err, Store, StoreError, StoreResult};
 use crate::format::{Hasher, ObjectRef};
+use crate::sync::lock;
 
 /// Streams bytes into a new object. Dropping it unfinished removes its temp file.
 #[derive(Debug)]
@@ -89,7 +90,7 @@ impl Store {
     fn claim_tmp(&self, tmp: &Path) -> StoreResult<()> {
         static CLAIMED: OnceLock<std::sync::Mutex<Vec<(PathBuf, File)>>> = OnceLock::new();
         let claimed = CLAIMED.get_or_init(Default::default);
-        let mut claimed = claimed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut claimed = lock(claimed);
         if claimed.iter().any(|(dir, _)| dir == tmp) {
             return Ok(());
         }

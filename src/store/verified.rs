@@ -21,6 +21,7 @@ use std::sync::Mutex;
 
 use super::Store;
 use crate::format::{ObjectRef, Sha256};
+use crate::sync::lock;
 
 /// The identity and change times of a blob's inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,7 +100,7 @@ impl Ledger {
 
     /// Whether `object`'s blob, with metadata `meta`, is the one that was verified.
     pub fn proves(&self, object: &ObjectRef, meta: &Metadata) -> bool {
-        let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stamps = lock(&self.stamps);
         let now = Stamp::of(meta);
         if now.length != object.length {
             return false;
@@ -115,9 +116,7 @@ impl Ledger {
     /// # Errors
     /// Appending to the ledger file fails (the in-memory note is kept regardless).
     pub fn note(&self, object: &ObjectRef, meta: &Metadata) -> io::Result<()> {
-        self.stamps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.stamps)
             .by_digest
             .insert(object.sha256, Stamp::of(meta));
         append_lines(&self.path, &[(*object, meta.clone())])
