@@ -14,7 +14,6 @@ use reqwest::Url;
 
 use super::client::{FetchError, FetchResult, Sink};
 use super::origin::{Access, Head, Origin, Put, Recorded};
-use super::Resolved;
 use crate::format::{ObjectRef, Repo, Sha256};
 use crate::store::{Store, StoreError};
 
@@ -66,15 +65,6 @@ fn backend(what: &str, error: StoreError) -> FetchError {
 impl Origin for DirOrigin {
     fn url(&self) -> &Url {
         &self.url
-    }
-
-    async fn resolve(
-        &self,
-        _name: &str,
-        _release: Option<&str>,
-        _lane: Option<&str>,
-    ) -> FetchResult<Option<Resolved>> {
-        Ok(None)
     }
 
     async fn models(&self) -> FetchResult<Option<Vec<String>>> {

@@ -88,16 +88,19 @@ pub trait Origin: Send + Sync + std::fmt::Debug {
     }
 
     /// The commit the resolve route names, or `None` for an endpoint without one (a static
-    /// origin, which the client resolves from its repo document).
+    /// origin, which the client resolves from its repo document). Only a distribution server
+    /// has the route, so `None` is the default.
     ///
     /// # Errors
     /// No such model, release or lane, or a failure.
     async fn resolve(
         &self,
-        name: &str,
-        release: Option<&str>,
-        lane: Option<&str>,
-    ) -> FetchResult<Option<Resolved>>;
+        _name: &str,
+        _release: Option<&str>,
+        _lane: Option<&str>,
+    ) -> FetchResult<Option<Resolved>> {
+        Ok(None)
+    }
 
     /// The repo document at `refs/<org>/<name>.json`, if any.
     ///

@@ -28,7 +28,7 @@ use reqwest::Url;
 
 use super::client::{is_loopback, FetchError, FetchResult, Sink};
 use super::origin::{Head, Origin, Put, Recorded};
-use super::{blob_key, Resolved, MAX_DOCUMENT_BYTES};
+use super::{blob_key, MAX_DOCUMENT_BYTES};
 use crate::format::{ObjectRef, Repo, Sha256};
 
 /// Attempts at the read-modify-write of a repo document before giving up.
@@ -194,15 +194,6 @@ impl S3Origin {
 impl Origin for S3Origin {
     fn url(&self) -> &Url {
         &self.url
-    }
-
-    async fn resolve(
-        &self,
-        _name: &str,
-        _release: Option<&str>,
-        _lane: Option<&str>,
-    ) -> FetchResult<Option<Resolved>> {
-        Ok(None)
     }
 
     /// The models whose repo documents lie under `refs/` (`refs/<org>/<name>.json`).
