@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use reqwest::header::{CONTENT_RANGE, LOCATION, RANGE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 
+use super::origin::{parse_repo_document, repo_document_key};
 use super::{blob_key, model_key, Resolved, MAX_DOCUMENT_BYTES};
 use crate::format::{ObjectRef, Repo, Sha256};
 
@@ -330,10 +331,7 @@ impl Endpoint {
     /// Another failure, or a document that is not a repo of that name.
     pub async fn repo_document(&self, name: &str) -> FetchResult<Option<Repo>> {
         let what = format!("reading the repo document of {name}");
-        let key = crate::store::ref_key(name).map_err(|e| FetchError::Protocol {
-            what: what.clone(),
-            why: e.to_string(),
-        })?;
+        let key = repo_document_key(name, &what)?;
         let (status, body) = self.small(Method::GET, self.at(&key), &what).await?;
         match status.as_u16() {
             200 => {}
@@ -346,17 +344,7 @@ impl Endpoint {
                 })
             }
         }
-        let repo = Repo::from_json(&body).map_err(|e| FetchError::Protocol {
-            what: what.clone(),
-            why: e.to_string(),
-        })?;
-        if !repo.name.eq_ignore_ascii_case(name) {
-            return Err(FetchError::Protocol {
-                what,
-                why: format!("the document names repo {:?}", repo.name),
-            });
-        }
-        Ok(Some(repo))
+        parse_repo_document(name, &body, &what).map(Some)
     }
 
     /// The models the endpoint serves to this client (`GET v1/models`, this implementation's

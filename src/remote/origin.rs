@@ -210,6 +210,34 @@ pub fn open(
     })
 }
 
+/// Where repo `name`'s document lies under a static origin: `refs/<org>/<name>.json` (§8).
+///
+/// # Errors
+/// [`FetchError::Protocol`] about `what` when `name` is not `<org>/<name>`.
+pub(crate) fn repo_document_key(name: &str, what: &str) -> FetchResult<String> {
+    crate::store::ref_key(name).map_err(|e| FetchError::Protocol {
+        what: what.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+/// Repo `name`'s document read from `bytes`, the body of its `refs/<org>/<name>.json`.
+///
+/// # Errors
+/// [`FetchError::Protocol`] about `what`: the bytes are not a repo document, or it names
+/// another repo (names compare case-insensitively, as the store's do).
+pub(crate) fn parse_repo_document(name: &str, bytes: &[u8], what: &str) -> FetchResult<Repo> {
+    let protocol = |why: String| FetchError::Protocol {
+        what: what.to_owned(),
+        why,
+    };
+    let repo = Repo::from_json(bytes).map_err(|e| protocol(e.to_string()))?;
+    if !repo.name.eq_ignore_ascii_case(name) {
+        return Err(protocol(format!("the document names repo {:?}", repo.name)));
+    }
+    Ok(repo)
+}
+
 #[async_trait::async_trait]
 impl Origin for Endpoint {
     fn url(&self) -> &Url {
@@ -270,5 +298,37 @@ impl Origin for Endpoint {
 
     async fn record(&self, name: &str, commit: &ObjectRef) -> FetchResult<Recorded> {
         Endpoint::record(self, name, commit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repo_documents_must_name_the_repo_asked_for() {
+        let json = Repo {
+            name: "Acme/Model".into(),
+            releases: vec![],
+            commits: vec![],
+        }
+        .to_json();
+        let what = "reading the repo document of acme/model";
+        let repo = parse_repo_document("acme/model", &json, what).unwrap();
+        assert_eq!(repo.name, "Acme/Model");
+        let err = parse_repo_document("acme/other", &json, what).unwrap_err();
+        assert!(matches!(err, FetchError::Protocol { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!("{what}: the document names repo \"Acme/Model\"")
+        );
+        let err = parse_repo_document("acme/model", b"<html>", what).unwrap_err();
+        assert!(matches!(err, FetchError::Protocol { .. }), "{err}");
+        let err = repo_document_key("no-slash", what).unwrap_err();
+        assert!(matches!(err, FetchError::Protocol { .. }), "{err}");
+        assert_eq!(
+            repo_document_key("acme/model", what).unwrap(),
+            crate::store::ref_key("acme/model").unwrap()
+        );
     }
 }

@@ -27,7 +27,7 @@ use object_store::{
 use reqwest::Url;
 
 use super::client::{is_loopback, FetchError, FetchResult, Sink};
-use super::origin::{Head, Origin, Put, Recorded};
+use super::origin::{parse_repo_document, repo_document_key, Head, Origin, Put, Recorded};
 use super::{blob_key, MAX_DOCUMENT_BYTES};
 use crate::format::{ObjectRef, Repo, Sha256};
 
@@ -156,10 +156,7 @@ impl S3Origin {
     /// The repo document of `name` with its version for a conditional write, if any.
     async fn read_repo(&self, name: &str) -> FetchResult<Option<(Repo, UpdateVersion)>> {
         let what = format!("reading the repo document of {name}");
-        let key = crate::store::ref_key(name).map_err(|e| FetchError::Protocol {
-            what: what.clone(),
-            why: e.to_string(),
-        })?;
+        let key = repo_document_key(name, &what)?;
         let found = match self.bucket.get(&self.key(&key)?).await {
             Ok(found) => found,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
@@ -176,16 +173,7 @@ impl S3Origin {
             version: found.meta.version.clone(),
         };
         let bytes = found.bytes().await.map_err(|e| Self::error(&what, e))?;
-        let repo = Repo::from_json(&bytes).map_err(|e| FetchError::Protocol {
-            what: what.clone(),
-            why: e.to_string(),
-        })?;
-        if !repo.name.eq_ignore_ascii_case(name) {
-            return Err(FetchError::Protocol {
-                what,
-                why: format!("the document names repo {:?}", repo.name),
-            });
-        }
+        let repo = parse_repo_document(name, &bytes, &what)?;
         Ok(Some((repo, version)))
     }
 }
@@ -303,11 +291,7 @@ impl Origin for S3Origin {
 
     async fn record(&self, name: &str, commit: &ObjectRef) -> FetchResult<Recorded> {
         let what = format!("recording commit {} in {name}", commit.id());
-        let key = crate::store::ref_key(name).map_err(|e| FetchError::Protocol {
-            what: what.clone(),
-            why: e.to_string(),
-        })?;
-        let key = self.key(&key)?;
+        let key = self.key(&repo_document_key(name, &what)?)?;
         for _ in 0..RECORD_ATTEMPTS {
             let (mut repo, mode) = match self.read_repo(name).await? {
                 Some((repo, version)) => (repo, PutMode::Update(version)),
