@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use reqwest::header::{CONTENT_RANGE, LOCATION, RANGE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 
-use super::origin::{parse_repo_document, repo_document_key};
+use super::origin::{check_document_length, parse_repo_document, repo_document_key};
 use super::{blob_key, model_key, Resolved, MAX_DOCUMENT_BYTES};
 use crate::format::{ObjectRef, Repo, Sha256};
 
@@ -412,15 +412,7 @@ impl Endpoint {
     /// Over the 16 MiB document limit, absent, or not the bytes `object` names.
     pub async fn document(&self, object: &ObjectRef) -> FetchResult<Vec<u8>> {
         let what = format!("object {}", object.id());
-        if object.length > MAX_DOCUMENT_BYTES {
-            return Err(FetchError::Protocol {
-                what,
-                why: format!(
-                    "{} bytes is over the {MAX_DOCUMENT_BYTES}-byte document limit",
-                    object.length
-                ),
-            });
-        }
+        check_document_length(object, &what)?;
         // A wrong copy (a byte changed on the way) is asked for again until the deadline.
         let mut first_wrong: Option<Instant> = None;
         let mut copies = 0;

@@ -143,15 +143,7 @@ pub trait Origin: Send + Sync + std::fmt::Debug {
     /// Over the 16 MiB document limit (§7), absent, or not the bytes `object` names.
     async fn document(&self, object: &ObjectRef) -> FetchResult<Vec<u8>> {
         let what = format!("object {}", object.id());
-        if object.length > MAX_DOCUMENT_BYTES {
-            return Err(FetchError::Protocol {
-                what,
-                why: format!(
-                    "{} bytes is over the {MAX_DOCUMENT_BYTES}-byte document limit",
-                    object.length
-                ),
-            });
-        }
+        check_document_length(object, &what)?;
         let mut bytes = Vec::with_capacity(object.length as usize);
         self.fetch(object, &mut bytes, &|_| {}).await?;
         let found = ObjectRef::of(&bytes);
@@ -208,6 +200,24 @@ pub fn open(
         Some("file") => Arc::new(DirOrigin::new(url, access)?),
         _ => Arc::new(Endpoint::new(url, token, config)?),
     })
+}
+
+/// Refuses `object` as a document (tree, header) when it is over [`MAX_DOCUMENT_BYTES`]
+/// (16 MiB, §7), before a byte of it is fetched.
+///
+/// # Errors
+/// [`FetchError::Protocol`] about `what` when `object.length` is over the limit.
+pub(crate) fn check_document_length(object: &ObjectRef, what: &str) -> FetchResult<()> {
+    match object.length > MAX_DOCUMENT_BYTES {
+        true => Err(FetchError::Protocol {
+            what: what.to_owned(),
+            why: format!(
+                "{} bytes is over the {MAX_DOCUMENT_BYTES}-byte document limit",
+                object.length
+            ),
+        }),
+        false => Ok(()),
+    }
 }
 
 /// Where repo `name`'s document lies under a static origin: `refs/<org>/<name>.json` (§8).
@@ -329,6 +339,24 @@ mod tests {
         assert_eq!(
             repo_document_key("acme/model", what).unwrap(),
             crate::store::ref_key("acme/model").unwrap()
+        );
+    }
+
+    #[test]
+    fn documents_over_the_limit_are_refused_before_fetching() {
+        let at_limit = ObjectRef {
+            sha256: Sha256([7; 32]),
+            length: MAX_DOCUMENT_BYTES,
+        };
+        check_document_length(&at_limit, "object x").unwrap();
+        let over = ObjectRef {
+            length: MAX_DOCUMENT_BYTES + 1,
+            ..at_limit
+        };
+        let err = check_document_length(&over, "object x").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "object x: 16777217 bytes is over the 16777216-byte document limit"
         );
     }
 }
