@@ -155,14 +155,7 @@ impl Endpoint {
                 .header("x-amz-checksum-sha256", checksum)
                 .header(IF_NONE_MATCH, "*")
                 .body(bytes.clone());
-            let response =
-                self.authorized(request, url)
-                    .send()
-                    .await
-                    .map_err(|e| Attempt::Again {
-                        why: transport_error(&e),
-                        wait: None,
-                    })?;
+            let response = self.send_write(request, url).await?;
             match response.status().as_u16() {
                 200 | 201 | 204 => Ok(Put::Stored),
                 412 => Ok(Put::Present),
@@ -194,14 +187,7 @@ impl Endpoint {
                 .post(url.clone())
                 .header(CONTENT_TYPE, "application/json")
                 .body(body.clone());
-            let response =
-                self.authorized(request, url)
-                    .send()
-                    .await
-                    .map_err(|e| Attempt::Again {
-                        why: transport_error(&e),
-                        wait: None,
-                    })?;
+            let response = self.send_write(request, url).await?;
             match response.status().as_u16() {
                 201 => Ok(Recorded::New),
                 200 => Ok(Recorded::Held),
@@ -237,12 +223,25 @@ impl Endpoint {
         })
     }
 
-    /// `request` with the token when `url` is on the endpoint's origin (§5).
-    fn authorized(&self, request: RequestBuilder, url: &Url) -> RequestBuilder {
-        match (&self.token, url.origin() == self.base.origin()) {
+    /// Sends `request` (a write to `url`) once, with the token only when `url` is on the
+    /// endpoint's origin (§5). Redirects are not followed (see the module doc); any status is
+    /// returned.
+    ///
+    /// # Errors
+    /// [`Attempt::Again`] when the request fails in transport, which may pass.
+    async fn send_write(
+        &self,
+        request: RequestBuilder,
+        url: &Url,
+    ) -> Result<reqwest::Response, Attempt> {
+        let request = match (&self.token, url.origin() == self.base.origin()) {
             (Some(token), true) => request.bearer_auth(token),
             _ => request,
-        }
+        };
+        request.send().await.map_err(|e| Attempt::Again {
+            why: transport_error(&e),
+            wait: None,
+        })
     }
 
     /// Runs `attempt` until it ends in an answer or a final failure, waiting between attempts
