@@ -167,6 +167,14 @@ pub struct Endpoint {
     config: ClientConfig,
 }
 
+/// What the `HEAD` of a blob answered.
+enum BlobHead {
+    /// `200`, with the blob's length in bytes (its `Content-Length`).
+    Present(u64),
+    /// `404` or `410`: the answer, whose `Location` an upload reads.
+    Absent(reqwest::Response),
+}
+
 /// How one attempt ended, when not with an answer.
 enum Attempt {
     /// Worth asking again (after `wait`, when the server said).
@@ -374,22 +382,35 @@ impl Endpoint {
         Ok(Some(list.models.into_iter().map(|m| m.name).collect()))
     }
 
-    /// The length of object `sha256` at the endpoint (`HEAD`), or `None` when absent.
+    /// The length of object `sha256` at the endpoint (`HEAD`), or `None` when absent. Unlike
+    /// [`Endpoint::head`], a `404`'s `Location` (where an upload would go) is not read.
     ///
     /// # Errors
     /// Another failure, or an answer without a length.
     pub async fn length_of(&self, sha256: &Sha256) -> FetchResult<Option<u64>> {
         let what = format!("HEAD sha256:{sha256}");
+        Ok(match self.head_blob(sha256, &what).await? {
+            BlobHead::Present(length) => Some(length),
+            BlobHead::Absent(_) => None,
+        })
+    }
+
+    /// The `HEAD` of blob `sha256` (§3), transport failures retried like any request.
+    ///
+    /// # Errors
+    /// About `what`: a status other than `200`, `404` or `410` ([`FetchError::Status`]), a `200`
+    /// without a `Content-Length` ([`FetchError::Protocol`]), or retries ran out.
+    async fn head_blob(&self, sha256: &Sha256, what: &str) -> FetchResult<BlobHead> {
         let url = self.at(&blob_key(sha256));
         let response = self
-            .ask(Method::HEAD, url, None, &what, &mut Patience::new())
+            .ask(Method::HEAD, url, None, what, &mut Patience::new())
             .await?;
         match response.status().as_u16() {
             200 => {}
-            404 | 410 => return Ok(None),
+            404 | 410 => return Ok(BlobHead::Absent(response)),
             status => {
                 return Err(FetchError::Status {
-                    what,
+                    what: what.to_owned(),
                     status,
                     message: String::new(),
                 })
@@ -399,8 +420,8 @@ impl Endpoint {
             .headers()
             .get(reqwest::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse().ok());
-        length.map(Some).ok_or(FetchError::Protocol {
-            what,
+        length.map(BlobHead::Present).ok_or(FetchError::Protocol {
+            what: what.to_owned(),
             why: "no Content-Length".into(),
         })
     }

@@ -16,10 +16,10 @@ use std::future::Future;
 use base64::Engine as _;
 use bytes::Bytes;
 use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, IF_NONE_MATCH, LOCATION};
-use reqwest::{Method, RequestBuilder, Url};
+use reqwest::{RequestBuilder, Url};
 
 use super::{
-    check_scheme, envelope, read_limited, transport_error, Attempt, Endpoint, FetchError,
+    check_scheme, envelope, read_limited, transport_error, Attempt, BlobHead, Endpoint, FetchError,
     FetchResult, Patience,
 };
 use crate::format::{ObjectRef, Sha256};
@@ -37,58 +37,32 @@ impl Endpoint {
     /// Another status, an answer without a length, or retries ran out.
     pub async fn head(&self, sha256: &Sha256) -> FetchResult<Head> {
         let what = format!("HEAD sha256:{sha256}");
-        let response = self
-            .ask(
-                Method::HEAD,
-                self.at(&blob_key(sha256)),
-                None,
-                &what,
-                &mut Patience::new(),
-            )
-            .await?;
-        match response.status().as_u16() {
-            200 => {
-                let length = response
-                    .headers()
-                    .get(CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok()?.parse().ok());
-                length
-                    .map(|length| Head::Present { length })
-                    .ok_or(FetchError::Protocol {
-                        what,
-                        why: "no Content-Length".into(),
-                    })
+        let response = match self.head_blob(sha256, &what).await? {
+            BlobHead::Present(length) => return Ok(Head::Present { length }),
+            BlobHead::Absent(response) => response,
+        };
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok());
+        let put_to = match location {
+            None => None,
+            Some(location) => {
+                let url = response
+                    .url()
+                    .join(location)
+                    .map_err(|e| FetchError::Protocol {
+                        what: what.clone(),
+                        why: format!("Location {location:?}: {e}"),
+                    })?;
+                check_scheme(&url).map_err(|why| FetchError::Protocol {
+                    what: what.clone(),
+                    why: format!("Location {url}: {why}"),
+                })?;
+                Some(url)
             }
-            404 | 410 => {
-                let location = response
-                    .headers()
-                    .get(LOCATION)
-                    .and_then(|v| v.to_str().ok());
-                let put_to =
-                    match location {
-                        None => None,
-                        Some(location) => {
-                            let url = response.url().join(location).map_err(|e| {
-                                FetchError::Protocol {
-                                    what: what.clone(),
-                                    why: format!("Location {location:?}: {e}"),
-                                }
-                            })?;
-                            check_scheme(&url).map_err(|why| FetchError::Protocol {
-                                what: what.clone(),
-                                why: format!("Location {url}: {why}"),
-                            })?;
-                            Some(url)
-                        }
-                    };
-                Ok(Head::Absent { put_to })
-            }
-            status => Err(FetchError::Status {
-                what,
-                status,
-                message: String::new(),
-            }),
-        }
+        };
+        Ok(Head::Absent { put_to })
     }
 
     /// Uploads `bytes` as `object`: `PUT`, then the confirming `HEAD` (see the module doc).
