@@ -37,10 +37,9 @@ const RECORD_ATTEMPTS: u32 = 8;
 /// A bucket and a prefix (see the module doc).
 #[derive(Debug)]
 pub struct S3Origin {
+    /// `s3://bucket/prefix`; the prefix is its path.
     url: Url,
     bucket: AmazonS3,
-    /// The prefix's segments joined by `/`, without leading or trailing `/`; empty for none.
-    prefix: String,
 }
 
 /// The first of `names` set (and not empty) in the environment.
@@ -48,6 +47,12 @@ fn env_var(names: &[&str]) -> Option<String> {
     names
         .iter()
         .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+}
+
+/// The prefix of `s3://bucket/prefix`: its segments joined by `/`, without leading or trailing
+/// `/` (percent-encoded as in the URL); empty for none.
+fn prefix_of(url: &Url) -> &str {
+    url.path().trim_matches('/')
 }
 
 impl S3Origin {
@@ -72,9 +77,9 @@ impl S3Origin {
                 "an s3:// URL has no port, query or fragment".into(),
             ));
         }
-        let prefix = parsed.path().trim_matches('/').to_owned();
+        let prefix = prefix_of(&parsed);
         if !prefix.is_empty() {
-            Key::parse(&prefix).map_err(|e| refused(format!("the prefix: {e}")))?;
+            Key::parse(prefix).map_err(|e| refused(format!("the prefix: {e}")))?;
         }
         let mut options = ClientOptions::new()
             .with_user_agent(reqwest::header::HeaderValue::from_static(concat!(
@@ -123,15 +128,14 @@ impl S3Origin {
         Ok(S3Origin {
             url: parsed,
             bucket,
-            prefix,
         })
     }
 
     /// The bucket key of `relative` (a path of the store layout) under the prefix.
     fn key(&self, relative: &str) -> FetchResult<Key> {
-        let full = match self.prefix.is_empty() {
-            true => relative.to_owned(),
-            false => format!("{}/{relative}", self.prefix),
+        let full = match prefix_of(&self.url) {
+            "" => relative.to_owned(),
+            prefix => format!("{prefix}/{relative}"),
         };
         Key::parse(&full).map_err(|e| FetchError::Protocol {
             what: format!("{}: key {full:?}", self.url),
@@ -336,7 +340,7 @@ mod tests {
     #[test]
     fn bucket_urls_are_read_and_bad_ones_refused() {
         let origin = S3Origin::new("s3://models/mirror/a/").unwrap();
-        assert_eq!(origin.prefix, "mirror/a");
+        assert_eq!(prefix_of(&origin.url), "mirror/a");
         assert_eq!(
             origin.key("refs/acme/x.json").unwrap().as_ref(),
             "mirror/a/refs/acme/x.json"
