@@ -193,3 +193,52 @@ impl Origin for DirOrigin {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_local_file_urls_are_taken() {
+        for bad in [
+            "not a url",
+            "https://example.com/store",
+            "file:///srv/store?x=1",
+            "file:///srv/store#x",
+            "file://elsewhere/srv/store",
+        ] {
+            let err = DirOrigin::new(bad, Access::Write).unwrap_err();
+            assert!(matches!(err, FetchError::Refused { .. }), "{bad}: {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let absent = Url::from_directory_path(dir.path().join("absent")).unwrap();
+        let err = DirOrigin::new(absent.as_str(), Access::Read).unwrap_err();
+        assert!(matches!(err, FetchError::Backend { .. }), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn absent_objects_are_not_found_and_not_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = Url::from_directory_path(dir.path()).unwrap();
+        let origin = DirOrigin::new(url.as_str(), Access::Write).unwrap();
+        let object = ObjectRef::of(b"a tree nobody sent");
+        let err = origin
+            .fetch(&object, &mut Vec::new(), &|_| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, FetchError::NotFound { .. }), "{err}");
+        assert_eq!(
+            origin.head(&object.sha256).await.unwrap(),
+            Head::Absent { put_to: None }
+        );
+        let err = origin.record("acme/model", &object).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "recording commit {} in acme/model: the commit's tree is not in the store",
+                object.id()
+            )
+        );
+        assert!(origin.repo_document("acme/model").await.unwrap().is_none());
+    }
+}
