@@ -861,6 +861,20 @@ mod tests {
         assert!(err.to_string().contains("only on loopback"), "{err}");
     }
 
+    #[tokio::test]
+    async fn bytes_of_another_length_are_refused_before_a_put() {
+        let e = Endpoint::new("https://example.invalid", None, ClientConfig::default()).unwrap();
+        let object = ObjectRef::of(b"four");
+        let err = e
+            .put(&object, bytes::Bytes::from_static(b"three"), None)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("PUT {}: 5 bytes to send, not 4", object.id())
+        );
+    }
+
     #[test]
     fn keys_are_joined_under_the_base_path() {
         let e = Endpoint::new("https://example.com/mirror", None, ClientConfig::default()).unwrap();
