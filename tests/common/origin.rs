@@ -1,6 +1,7 @@
 //! An origin store for the lazy-mount and fault tests: a model of two loose safetensors files
 //! (two components, `a` and `b`) imported by the binary and published as release 1.0 of
-//! `acme/<name>`, served by `tensorfs serve` behind the fault-injecting proxy.
+//! `acme/<name>`, served by `tensorfs serve` behind the fault-injecting proxy. A crate that
+//! includes it includes `common`, `fuse_support`, `http` and `proxy` too.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,24 +11,11 @@ use tensorfs::format::{Body, ObjectRef, Release, Repo};
 use tensorfs::store::Store;
 
 use crate::common::{ok, safetensors_file, T};
+use crate::fuse_support::noise;
 use crate::http::Server;
 use crate::proxy::Proxy;
 
 const MIB: usize = 1 << 20;
-
-/// Deterministic, non-periodic bytes.
-pub fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(n);
-    out
-}
 
 /// How big the model is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
