@@ -15,27 +15,11 @@ mod proxy;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use fuse_support::{list, mount, mount_with, Mounted};
+use fuse_support::{errno, lazy_mount, list, mount, mount_with};
 use origin::{store_is_clean, Origin, Size};
 use proxy::{Fault, Rule};
 use tensorfs::lazy::LazyConfig;
 use tensorfs::store::Store;
-
-/// A lazy mount of `store` over `url`.
-fn lazy_mount(store: &Store, url: &str, deadline: Duration) -> Mounted {
-    mount_with(store, |config| {
-        let mut remote = LazyConfig::new(url);
-        remote.fetch_deadline = deadline;
-        config.remote = Some(remote);
-    })
-}
-
-fn errno(result: std::io::Result<impl Sized>) -> i32 {
-    result
-        .err()
-        .and_then(|e| e.raw_os_error())
-        .expect("an OS error")
-}
 
 #[test]
 fn the_endpoints_models_list_and_one_component_fetches_only_its_chunks() {

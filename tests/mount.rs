@@ -38,13 +38,6 @@ fn library_files(store: &Store, commit: &TestCommit) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn errno(result: std::io::Result<impl Sized>) -> i32 {
-    result
-        .err()
-        .and_then(|e| e.raw_os_error())
-        .expect("an OS error")
-}
-
 #[test]
 fn every_level_lists_and_every_alias_reads_the_same_files() {
     let (_dir, store) = store();

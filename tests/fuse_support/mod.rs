@@ -13,6 +13,7 @@ use tensorfs::format::{
     Tensor, Tree, Value,
 };
 use tensorfs::fuse::session::{self, MountConfig, MountHandle};
+use tensorfs::lazy::LazyConfig;
 use tensorfs::store::Store;
 
 /// Deterministic, non-periodic bytes (xorshift), so a misplaced offset never reads equal bytes.
@@ -216,6 +217,23 @@ pub fn mount_with(store: &Store, adjust: impl FnOnce(&mut MountConfig)) -> Mount
         root,
         _dir: dir,
     }
+}
+
+/// A lazy mount of `store` over the endpoint at `url`, whose fetches give up after `deadline`.
+pub fn lazy_mount(store: &Store, url: &str, deadline: Duration) -> Mounted {
+    mount_with(store, |config| {
+        let mut remote = LazyConfig::new(url);
+        remote.fetch_deadline = deadline;
+        config.remote = Some(remote);
+    })
+}
+
+/// The errno of a failed call; fails the test when the call succeeded or has no OS error.
+pub fn errno(result: std::io::Result<impl Sized>) -> i32 {
+    result
+        .err()
+        .and_then(|e| e.raw_os_error())
+        .expect("an OS error")
 }
 
 impl Mounted {
