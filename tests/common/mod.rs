@@ -142,6 +142,17 @@ pub fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// The names in the `tmp/` folder of the store at `root`, lock files left out: what unfinished
+/// writes left behind.
+pub fn temp_files(root: &Path) -> Vec<String> {
+    fs::read_dir(root.join("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".lock"))
+        .collect()
+}
+
 /// A small Transformers folder: config, tokenizer files, README, and `model.safetensors`.
 pub fn transformers_folder(root: &Path) {
     use safetensors::Dtype::*;

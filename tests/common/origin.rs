@@ -174,11 +174,6 @@ pub fn store_is_clean(store: &Store) {
             "blob {path} holds other bytes than its name's"
         );
     }
-    let leftovers: Vec<String> = std::fs::read_dir(store.root().join("tmp"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".lock"))
-        .collect();
+    let leftovers = crate::common::temp_files(store.root());
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
