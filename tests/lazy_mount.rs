@@ -261,13 +261,7 @@ fn a_model_the_endpoint_publishes_while_mounted_appears() {
     });
     assert_eq!(list(&m.path("acme")), ["early"]);
     let store = Store::open_existing(&origin.root).unwrap();
-    store
-        .update_repo("acme/late", |_| tensorfs::format::Repo {
-            name: "acme/late".into(),
-            releases: vec![],
-            commits: vec![origin.commit],
-        })
-        .unwrap();
+    fuse_support::set_repo(&store, "acme/late", vec![], vec![origin.commit]);
     fuse_support::wait_for(
         || list(&m.path("acme")) == ["early", "late"],
         "the new model to show",

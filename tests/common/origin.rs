@@ -7,11 +7,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use tensorfs::format::{Body, ObjectRef, Release, Repo};
+use tensorfs::format::{Body, ObjectRef, Release};
 use tensorfs::store::Store;
 
 use crate::common::{ok, safetensors_file, T};
-use crate::fuse_support::noise;
+use crate::fuse_support::{noise, set_repo};
 use crate::http::Server;
 use crate::proxy::Proxy;
 
@@ -92,16 +92,15 @@ impl Origin {
         let c = store.commit(&commit).unwrap();
         let lane = c.tree.lane.clone().expect("imports name a lane");
         let published = format!("acme/{name}");
-        store
-            .update_repo(&published, |_| Repo {
-                name: published.clone(),
-                releases: vec![Release {
-                    version: "1.0".into(),
-                    lanes: BTreeMap::from([(lane.clone(), commit)]),
-                }],
-                commits: vec![],
-            })
-            .unwrap();
+        set_repo(
+            &store,
+            &published,
+            vec![Release {
+                version: "1.0".into(),
+                lanes: BTreeMap::from([(lane.clone(), commit)]),
+            }],
+            vec![],
+        );
         let mut chunks = BTreeMap::new();
         for component in &c.header.components {
             let indices: BTreeSet<u64> = component
