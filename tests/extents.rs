@@ -158,14 +158,6 @@ fn errors_name_the_file_and_the_tensor() {
     );
 }
 
-/// Finite F32 values.
-fn floats(n: usize, seed: u32) -> Vec<u8> {
-    (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 2000) as f32 / 1000.0 - 1.0)
-        .flat_map(|v: f32| v.to_le_bytes())
-        .collect()
-}
-
 #[test]
 fn an_encoded_tensor_has_each_parts_extents_and_the_decoded_view_refuses_it() {
     use safetensors::Dtype::*;

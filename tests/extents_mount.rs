@@ -3,6 +3,7 @@
 //! the mount's, errnos, `tensorfs locate PATH TENSOR`, and a C client built against
 //! `packaging/tensorfs_extents.h`.
 
+mod common;
 mod fuse_support;
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
+use common::floats;
 use fuse_support::*;
 use tensorfs::extents::{self, ioctl};
 use tensorfs::format::{Body, Dtype, Location, ObjectRef, Tensor};
@@ -315,14 +317,6 @@ fn c_client(path: &Path, expected: &extents::Located) {
         String::from_utf8_lossy(&out.stderr),
         "TENSORFS_IOC_TENSOR: No such file or directory\n"
     );
-}
-
-/// Finite F32 values.
-fn floats(n: usize, seed: u32) -> Vec<u8> {
-    (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 2000) as f32 / 1000.0 - 1.0)
-        .flat_map(|v: f32| v.to_le_bytes())
-        .collect()
 }
 
 #[test]

@@ -15,26 +15,11 @@ mod proxy;
 
 use std::time::{Duration, Instant};
 
-use fuse_support::{logs, mount_with, Mounted};
+use fuse_support::{errno, lazy_mount, logs};
 use origin::{store_is_clean, Origin, Size};
 use proxy::{Fault, Rule};
-use tensorfs::lazy::{LazyConfig, FAILURE_MEMORY};
+use tensorfs::lazy::FAILURE_MEMORY;
 use tensorfs::store::Store;
-
-fn lazy_mount(store: &Store, url: &str, deadline: Duration) -> Mounted {
-    mount_with(store, |config| {
-        let mut remote = LazyConfig::new(url);
-        remote.fetch_deadline = deadline;
-        config.remote = Some(remote);
-    })
-}
-
-fn errno(result: std::io::Result<impl Sized>) -> i32 {
-    result
-        .err()
-        .and_then(|e| e.raw_os_error())
-        .expect("an OS error")
-}
 
 /// Passing faults on the object whose digest is `hex`, once each: six failures, then a
 /// stalled answer that completes (7 requests). The tree's first answer is slow; the header's

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use fuse_support::*;
-use tensorfs::format::{Body, Dtype, Encoding, Location, Part, Repo, Tensor};
+use tensorfs::format::{Body, Dtype, Encoding, Location, Part, Tensor};
 use tensorfs::store::Store;
 
 /// `local/q`, lane `int8`: `w` int8.rowwise ([4, 1024] BF16) whose int8 weight fills chunk 0
@@ -72,13 +72,7 @@ fn encoded_repo(store: &Store) {
         params: BTreeMap::new(),
     }];
     let commit = bert_commit(store, Some("int8"), chunks, encodings, tensors);
-    store
-        .update_repo("local/q", |_| Repo {
-            name: "local/q".into(),
-            releases: vec![],
-            commits: vec![commit],
-        })
-        .unwrap();
+    set_repo(store, "local/q", vec![], vec![commit]);
 }
 
 fn gpu_load(python: &Path, file: &Path, more: &[&str]) -> Output {

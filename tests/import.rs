@@ -559,12 +559,7 @@ fn a_process_killed_mid_import_leaves_a_store_the_next_import_accepts() {
         fs::read(out.join("big.safetensors")).unwrap(),
         fs::read(&src).unwrap()
     );
-    let leftovers: Vec<_> = fs::read_dir(store.join("tmp"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| !n.to_string_lossy().ends_with(".lock"))
-        .collect();
+    let leftovers = temp_files(&store);
     assert!(
         leftovers.is_empty(),
         "temp files of killed imports were reaped: {leftovers:?}"

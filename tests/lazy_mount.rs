@@ -15,27 +15,11 @@ mod proxy;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use fuse_support::{list, mount, mount_with, Mounted};
+use fuse_support::{errno, lazy_mount, list, mount, mount_with};
 use origin::{store_is_clean, Origin, Size};
 use proxy::{Fault, Rule};
 use tensorfs::lazy::LazyConfig;
 use tensorfs::store::Store;
-
-/// A lazy mount of `store` over `url`.
-fn lazy_mount(store: &Store, url: &str, deadline: Duration) -> Mounted {
-    mount_with(store, |config| {
-        let mut remote = LazyConfig::new(url);
-        remote.fetch_deadline = deadline;
-        config.remote = Some(remote);
-    })
-}
-
-fn errno(result: std::io::Result<impl Sized>) -> i32 {
-    result
-        .err()
-        .and_then(|e| e.raw_os_error())
-        .expect("an OS error")
-}
 
 #[test]
 fn the_endpoints_models_list_and_one_component_fetches_only_its_chunks() {
@@ -277,13 +261,7 @@ fn a_model_the_endpoint_publishes_while_mounted_appears() {
     });
     assert_eq!(list(&m.path("acme")), ["early"]);
     let store = Store::open_existing(&origin.root).unwrap();
-    store
-        .update_repo("acme/late", |_| tensorfs::format::Repo {
-            name: "acme/late".into(),
-            releases: vec![],
-            commits: vec![origin.commit],
-        })
-        .unwrap();
+    fuse_support::set_repo(&store, "acme/late", vec![], vec![origin.commit]);
     fuse_support::wait_for(
         || list(&m.path("acme")) == ["early", "late"],
         "the new model to show",

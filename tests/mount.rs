@@ -38,13 +38,6 @@ fn library_files(store: &Store, commit: &TestCommit) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn errno(result: std::io::Result<impl Sized>) -> i32 {
-    result
-        .err()
-        .and_then(|e| e.raw_os_error())
-        .expect("an OS error")
-}
-
 #[test]
 fn every_level_lists_and_every_alias_reads_the_same_files() {
     let (_dir, store) = store();
@@ -340,16 +333,23 @@ fn xattrs_ioctls_and_writes_through_the_kernel() {
     );
     let m = mount(&store);
     let file = m.path("local/x/1.0/bf16/config.json");
-    let getxattr = |path: &Path, name: &str, size: usize| -> Result<Vec<u8>, i32> {
+    // getxattr(2) into `buf`: what it answers (the value's length, also for a size probe with
+    // an empty buffer), or the errno.
+    let getxattr_into = |path: &Path, name: &str, buf: &mut [u8]| -> Result<usize, i32> {
         let p = CString::new(path.as_os_str().as_bytes()).unwrap();
         let n = CString::new(name).unwrap();
-        let mut buf = vec![0u8; size];
-        // SAFETY: valid C strings and a buffer of `size` bytes.
-        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), size) };
+        // SAFETY: valid C strings and a buffer of `buf.len()` bytes.
+        let r =
+            unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         if r < 0 {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
         }
-        buf.truncate(r as usize);
+        Ok(r as usize)
+    };
+    let getxattr = |path: &Path, name: &str, size: usize| -> Result<Vec<u8>, i32> {
+        let mut buf = vec![0u8; size];
+        let r = getxattr_into(path, name, &mut buf)?;
+        buf.truncate(r);
         Ok(buf)
     };
     let commit_id = c.id.id().into_bytes();
@@ -358,9 +358,9 @@ fn xattrs_ioctls_and_writes_through_the_kernel() {
         commit_id
     );
     assert_eq!(
-        getxattr(&file, "user.tensorfs.commit", 0).unwrap().len(),
-        0,
-        "size probe returns no bytes"
+        getxattr_into(&file, "user.tensorfs.commit", &mut []),
+        Ok(commit_id.len()),
+        "a size probe answers the value's length"
     );
     assert_eq!(
         getxattr(&file, "user.tensorfs.commit", 8),

@@ -19,14 +19,6 @@ fn commits(store: &Store) -> Vec<tensorfs::format::ObjectRef> {
     repo.commits
 }
 
-/// Finite F32 values.
-fn floats(n: usize, seed: u32) -> Vec<u8> {
-    (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 2000) as f32 / 1000.0 - 1.0)
-        .flat_map(|v: f32| v.to_le_bytes())
-        .collect()
-}
-
 /// A Transformers folder with finite weights, one holding a NaN.
 fn model(root: &std::path::Path) {
     use safetensors::Dtype::*;

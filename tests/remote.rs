@@ -296,12 +296,7 @@ fn uploads_are_admitted_only_whole_and_with_the_token() {
     let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let mismatch = request(at, "PUT", &blob_path(&object), &headers, &fresh);
     assert_eq!(mismatch.code().as_deref(), Some("digest_mismatch"));
-    let tmp: Vec<_> = fs::read_dir(origin.join("tmp"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| !n.to_string_lossy().ends_with(".lock"))
-        .collect();
+    let tmp = temp_files(&origin);
     assert!(
         tmp.is_empty(),
         "refused uploads leave no temp files: {tmp:?}"

@@ -91,6 +91,15 @@ pub fn bytes(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Finite F32 values in [-1, 1), little-endian: `n` of them (`4 * n` bytes), deterministic in
+/// `seed`.
+pub fn floats(n: usize, seed: u32) -> Vec<u8> {
+    (0..n as u32)
+        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 2000) as f32 / 1000.0 - 1.0)
+        .flat_map(|v: f32| v.to_le_bytes())
+        .collect()
+}
+
 /// Writes `files` (relative path → bytes) under `root`.
 pub fn write_tree(root: &Path, files: &[(&str, Vec<u8>)]) {
     for (path, data) in files {
@@ -130,6 +139,17 @@ pub fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
         .into_iter()
         .filter(|(p, _)| root.join(p).is_file())
         .map(|(p, b)| (p.to_string_lossy().into_owned(), b))
+        .collect()
+}
+
+/// The names in the `tmp/` folder of the store at `root`, lock files left out: what unfinished
+/// writes left behind.
+pub fn temp_files(root: &Path) -> Vec<String> {
+    fs::read_dir(root.join("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".lock"))
         .collect()
 }
 

@@ -1,33 +1,21 @@
 //! An origin store for the lazy-mount and fault tests: a model of two loose safetensors files
 //! (two components, `a` and `b`) imported by the binary and published as release 1.0 of
-//! `acme/<name>`, served by `tensorfs serve` behind the fault-injecting proxy.
+//! `acme/<name>`, served by `tensorfs serve` behind the fault-injecting proxy. A crate that
+//! includes it includes `common`, `fuse_support`, `http` and `proxy` too.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use tensorfs::format::{Body, ObjectRef, Release, Repo};
+use tensorfs::format::{Body, ObjectRef, Release};
 use tensorfs::store::Store;
 
 use crate::common::{ok, safetensors_file, T};
+use crate::fuse_support::{noise, set_repo};
 use crate::http::Server;
 use crate::proxy::Proxy;
 
 const MIB: usize = 1 << 20;
-
-/// Deterministic, non-periodic bytes.
-pub fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(n);
-    out
-}
 
 /// How big the model is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,16 +92,15 @@ impl Origin {
         let c = store.commit(&commit).unwrap();
         let lane = c.tree.lane.clone().expect("imports name a lane");
         let published = format!("acme/{name}");
-        store
-            .update_repo(&published, |_| Repo {
-                name: published.clone(),
-                releases: vec![Release {
-                    version: "1.0".into(),
-                    lanes: BTreeMap::from([(lane.clone(), commit)]),
-                }],
-                commits: vec![],
-            })
-            .unwrap();
+        set_repo(
+            &store,
+            &published,
+            vec![Release {
+                version: "1.0".into(),
+                lanes: BTreeMap::from([(lane.clone(), commit)]),
+            }],
+            vec![],
+        );
         let mut chunks = BTreeMap::new();
         for component in &c.header.components {
             let indices: BTreeSet<u64> = component
@@ -186,11 +173,6 @@ pub fn store_is_clean(store: &Store) {
             "blob {path} holds other bytes than its name's"
         );
     }
-    let leftovers: Vec<String> = std::fs::read_dir(store.root().join("tmp"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".lock"))
-        .collect();
+    let leftovers = crate::common::temp_files(store.root());
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }

@@ -13,6 +13,7 @@ use tensorfs::format::{
     Tensor, Tree, Value,
 };
 use tensorfs::fuse::session::{self, MountConfig, MountHandle};
+use tensorfs::lazy::LazyConfig;
 use tensorfs::store::Store;
 
 /// Deterministic, non-periodic bytes (xorshift), so a misplaced offset never reads equal bytes.
@@ -46,11 +47,10 @@ pub struct TestCommit {
     pub readme: Vec<u8>,
 }
 
-/// Stores a one-component checkpoint (a Transformers BertModel) of `tensors` over `chunks`, with
-/// `encodings`, as a tree of lane `lane`; returns the commit (the tree's object).
-pub fn bert_commit(
+/// Stores the header of a one-component checkpoint (a Transformers BertModel) of `tensors` over
+/// `chunks`, with `encodings`; returns its object.
+fn bert_header(
     store: &Store,
-    lane: Option<&str>,
     chunks: Vec<ObjectRef>,
     encodings: Vec<Encoding>,
     tensors: Vec<Tensor>,
@@ -77,7 +77,19 @@ pub fn bert_commit(
         }],
         metadata: Config::new(),
     };
-    let header_ref = store.put_bytes(&header.to_cbor().unwrap()).unwrap();
+    store.put_bytes(&header.to_cbor().unwrap()).unwrap()
+}
+
+/// Stores a one-component checkpoint (a Transformers BertModel) of `tensors` over `chunks`, with
+/// `encodings`, as a tree of lane `lane`; returns the commit (the tree's object).
+pub fn bert_commit(
+    store: &Store,
+    lane: Option<&str>,
+    chunks: Vec<ObjectRef>,
+    encodings: Vec<Encoding>,
+    tensors: Vec<Tensor>,
+) -> ObjectRef {
+    let header_ref = bert_header(store, chunks, encodings, tensors);
     let tree = Tree {
         lane: lane.map(str::to_owned),
         files: BTreeMap::from([("model.cozytensors".to_owned(), header_ref)]),
@@ -128,29 +140,7 @@ pub fn commit(store: &Store, lane: Option<&str>, seed: u64) -> TestCommit {
     ]
     .into_iter()
     .unzip();
-    let mut config = Config::new();
-    config.insert("hidden_size".into(), Value::Uint(1024));
-    config.insert("model_type".into(), Value::Text("bert".into()));
-    let header = Header {
-        format: "cozytensors/1".into(),
-        chunks: chunks.clone(),
-        encodings: vec![],
-        pipeline: None,
-        components: vec![Component {
-            name: "model".into(),
-            class: ClassRef {
-                library: "transformers".into(),
-                version: "4.46.0".into(),
-                name: "BertModel".into(),
-            },
-            config,
-            tensors,
-            assets: BTreeMap::new(),
-            config_file: None,
-        }],
-        metadata: Config::new(),
-    };
-    let header_ref = store.put_bytes(&header.to_cbor().unwrap()).unwrap();
+    let header_ref = bert_header(store, chunks.clone(), vec![], tensors);
     let readme = format!("# test model {seed}\n").into_bytes();
     let files = BTreeMap::from([
         ("model.cozytensors".to_owned(), header_ref),
@@ -216,6 +206,23 @@ pub fn mount_with(store: &Store, adjust: impl FnOnce(&mut MountConfig)) -> Mount
         root,
         _dir: dir,
     }
+}
+
+/// A lazy mount of `store` over the endpoint at `url`, whose fetches give up after `deadline`.
+pub fn lazy_mount(store: &Store, url: &str, deadline: Duration) -> Mounted {
+    mount_with(store, |config| {
+        let mut remote = LazyConfig::new(url);
+        remote.fetch_deadline = deadline;
+        config.remote = Some(remote);
+    })
+}
+
+/// The errno of a failed call; fails the test when the call succeeded or has no OS error.
+pub fn errno(result: std::io::Result<impl Sized>) -> i32 {
+    result
+        .err()
+        .and_then(|e| e.raw_os_error())
+        .expect("an OS error")
 }
 
 impl Mounted {
