@@ -248,7 +248,7 @@ fn download_fails_at_the_deadline_or_a_final_answer_and_names_nothing() {
     let origin = Origin::start("dlfail", 15, Size::Small);
     let chunk = origin.chunks["a.safetensors"][0];
     let hex = chunk.sha256.hex();
-    for (fault, deadline, said) in [
+    for (case, (fault, deadline, said)) in [
         (Fault::Status(503), "2s", "gave up after"),
         (Fault::WrongByte(9), "2s", "not its bytes"),
         (
@@ -258,8 +258,12 @@ fn download_fails_at_the_deadline_or_a_final_answer_and_names_nothing() {
         ),
         (Fault::Status(500), "60s", "answered 500"),
         (Fault::RedirectLoop, "60s", "more than 5 redirects"),
-    ] {
-        let local = origin.local_store(&format!("local-{deadline}-{said}"));
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // A fresh store per case: each must show that its own failed download left nothing.
+        let local = origin.local_store(&format!("local-{case}"));
         origin.proxy.clear();
         origin.proxy.add(Rule::always(&hex, fault.clone()));
         let started = Instant::now();
