@@ -1,12 +1,15 @@
-//! Chunk I/O backends side by side: `cargo run --release --example io_bench [-- GIB [DIR]]`.
+//! Chunk I/O backends side by side:
+//! `cargo run --release --example io_bench [-- GIB [DIR] [--json] [--run K]]`.
 //!
 //! Writes GIB GiB (default 1; a fraction such as 0.25 is rounded to whole blobs, at least one)
 //! of 64 MiB blobs into DIR (default: a temporary folder under target/), then reads them with
 //! every backend (`pread`, `mmap`, `uring`, `uring-direct`, `auto`), warm (in the page cache)
-//! and cold (evicted with `posix_fadvise(DONTNEED)`), in batches of sequential requests of 4 KiB
-//! (random offsets), 128 KiB, 1 MiB and 8 MiB. Prints GB/s and the ratio to `pread` in the same
-//! run, as a table and as JSON (`--json`; `tools/bench --only io` runs it so). docs/io.md
-//! records a run and the rule [`Backend::Auto`] follows from it.
+//! and cold (evicted with `posix_fadvise(DONTNEED)`), in batches of 4 KiB requests at random
+//! offsets and of sequential 128 KiB, 1 MiB and 8 MiB requests. Each backend reads through
+//! descriptors of its own (pages a mapping holds are not evicted), in an order that each case
+//! and each run (`--run K`) rotates. Prints GB/s and the ratio to `pread` in the same run, as a
+//! table and as JSON (`--json`; `tools/bench --only io` runs it so). docs/io.md records a run
+//! and the rule [`Backend::Auto`] follows from it.
 
 use std::fs::File;
 use std::io::Write;
@@ -17,6 +20,17 @@ use std::time::Instant;
 use tensorfs::io::backend::{self, Backend, Blob, Request};
 
 const BLOB_BYTES: usize = 64 << 20;
+
+/// The blobs at `paths`, newly opened (no descriptor or mapping shared with earlier runs).
+fn open(paths: &[PathBuf]) -> Vec<Blob> {
+    paths
+        .iter()
+        .map(|path| {
+            let file = File::open(path).expect("opens a blob");
+            Blob::new(file, path.clone(), BLOB_BYTES as u64)
+        })
+        .collect()
+}
 
 fn evict(blobs: &[Blob]) {
     for b in blobs {
@@ -71,7 +85,15 @@ fn run(backend: Backend, blobs: &[Blob], size: usize, random: bool, total: usize
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
-    let mut rest = args.iter().filter(|a| !a.starts_with("--"));
+    let round: usize = args
+        .iter()
+        .position(|a| a == "--run")
+        .map_or(0, |i| args[i + 1].parse().expect("--run K takes a number"));
+    let mut rest = args
+        .iter()
+        .enumerate()
+        .filter(|&(i, a)| !a.starts_with("--") && (i == 0 || args[i - 1] != "--run"))
+        .map(|(_, a)| a);
     let gib: f64 = rest
         .next()
         .map_or(1.0, |a| a.parse().expect("GIB is a number"));
@@ -81,7 +103,7 @@ fn main() {
     );
     std::fs::create_dir_all(&dir).expect("a folder for the blobs");
     let count = ((gib * (1u64 << 30) as f64 / BLOB_BYTES as f64).round() as usize).max(1);
-    let mut blobs = Vec::new();
+    let mut paths = Vec::new();
     let data: Vec<u8> = (0..BLOB_BYTES as u64)
         .map(|i| ((i * 2654435761) >> 11) as u8)
         .collect();
@@ -92,8 +114,7 @@ fn main() {
                 .and_then(|mut f| f.write_all(&data))
                 .expect("writes a blob");
         }
-        let file = File::open(&path).expect("opens a blob");
-        blobs.push(Blob::new(file, path, BLOB_BYTES as u64));
+        paths.push(path);
     }
     let total = count * BLOB_BYTES;
     let cases: [(&str, usize, bool, usize); 4] = [
@@ -104,9 +125,18 @@ fn main() {
     ];
     let mut rows = Vec::new();
     for cache in ["warm", "cold"] {
-        for &(name, size, random, bytes) in &cases {
+        for (case, &(name, size, random, bytes)) in cases.iter().enumerate() {
             let mut speeds = Vec::new();
-            for backend in Backend::ALL {
+            // Each case starts at another backend, and each run (`--run K`) moves that start on:
+            // on a virtual disk a cold read's speed depends on what was read just before it, so
+            // a fixed order would favour one backend in every run.
+            let start = case + round;
+            let order = (0..Backend::ALL.len()).map(|k| (k + start) % Backend::ALL.len());
+            for backend in order.map(|k| Backend::ALL[k]) {
+                // Fresh descriptors for each backend: a blob the mmap backend mapped keeps its
+                // pages mapped, and mapped pages are not evicted, so later cold runs would
+                // read from the page cache.
+                let blobs = open(&paths);
                 if cache == "warm" {
                     run(backend, &blobs, size, random, bytes); // fill the cache
                 } else {
@@ -114,6 +144,7 @@ fn main() {
                 }
                 speeds.push((backend, run(backend, &blobs, size, random, bytes)));
             }
+            speeds.sort_by_key(|(b, _)| Backend::ALL.iter().position(|a| a == b));
             rows.push((cache, name, speeds));
         }
     }
