@@ -38,6 +38,33 @@ fn evict(blob: &Blob) {
     }
 }
 
+/// A second blob over `blob`'s file, with descriptors and mapping of its own: a mapping made by
+/// one backend keeps the file's pages mapped, and mapped pages are not evicted.
+fn reopen(blob: &Blob) -> Blob {
+    Blob::new(
+        File::open(blob.path()).unwrap(),
+        blob.path().to_owned(),
+        blob.length,
+    )
+}
+
+/// Evicts a fresh blob over `blob`'s file and checks that its first page is gone from the page
+/// cache (a non-blocking read finds nothing), so a "cold" read really goes to the disk.
+fn cold(blob: &Blob) -> Blob {
+    let fresh = reopen(blob);
+    evict(&fresh);
+    if !on_tmpfs(fresh.path()) {
+        let mut page = [0u8; 4096];
+        let n = page.len().min(fresh.length as usize);
+        assert_eq!(
+            read_cached(&fresh, 0, &mut page[..n]).unwrap(),
+            0,
+            "evicted pages are not in the page cache"
+        );
+    }
+    fresh
+}
+
 fn read_ranges(backend: Backend, blob: &Blob, ranges: &[(u64, usize)]) -> io::Result<Vec<Vec<u8>>> {
     let mut bufs: Vec<Vec<u8>> = ranges.iter().map(|&(_, n)| vec![0xEE; n]).collect();
     let mut requests: Vec<Request<'_>> = ranges
@@ -63,9 +90,11 @@ fn every_backend_reads_the_same_bytes_warm_and_cold() {
     ];
     for backend in Backend::ALL {
         for cold in [false, true] {
-            if cold {
-                evict(&blob);
-            }
+            let blob = if cold {
+                self::cold(&blob)
+            } else {
+                reopen(&blob)
+            };
             let got = read_ranges(backend, &blob, &ranges).unwrap();
             if backend == Backend::UringDirect && !on_tmpfs(blob.path()) {
                 assert!(
@@ -81,6 +110,23 @@ fn every_backend_reads_the_same_bytes_warm_and_cold() {
             }
         }
     }
+}
+
+#[test]
+fn adjacent_ranges_coalesce_into_reads_of_at_most_a_mebibyte() {
+    let (_dir, blob, _) = blob(8 << 20);
+    let mut bufs: Vec<Vec<u8>> = (0..12).map(|_| vec![0; 512 << 10]).collect();
+    let requests: Vec<Request<'_>> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, buf)| Request {
+            blob: &blob,
+            offset: (i * (512 << 10)) as u64,
+            buf,
+        })
+        .collect();
+    let lens: Vec<usize> = pieces(&requests, false).iter().map(Piece::len).collect();
+    assert_eq!(lens, [COALESCE_MAX_BYTES; 6]);
 }
 
 #[test]
@@ -119,9 +165,7 @@ proptest! {
             .map(|(o, n)| (o, n.min(len - o as usize)))
             .collect();
         for backend in Backend::ALL {
-            if cold {
-                evict(&blob);
-            }
+            let blob = if cold { self::cold(&blob) } else { reopen(&blob) };
             let got = read_ranges(backend, &blob, &ranges).unwrap();
             for (&(offset, n), got) in ranges.iter().zip(&got) {
                 prop_assert!(got[..] == bytes[offset as usize..offset as usize + n], "{:?} {}+{}", backend, offset, n);
