@@ -117,9 +117,10 @@ impl Default for FsConfig {
 }
 
 /// How far a read may start from where the handle's previous read ended and still count as
-/// going through the file in order (the kernel's readahead sends requests out of order across
-/// its worker threads).
-pub const SEQUENTIAL_SLACK_BYTES: u64 = 4 << 20;
+/// going through the file in order: the kernel sends a readahead window's requests together
+/// and the worker threads take them in any order, so one window (the mount's default
+/// `read_ahead_kb`, 16 MiB).
+pub const SEQUENTIAL_SLACK_BYTES: u64 = 16 << 20;
 
 /// Why a commit cannot be shown.
 #[derive(Debug, thiserror::Error)]

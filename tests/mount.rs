@@ -57,8 +57,8 @@ fn every_level_lists_and_every_alias_reads_the_same_files() {
 
     assert_eq!(
         read_ahead_kb(&m.root),
-        1024,
-        "1 MiB readahead for 1 MiB reads"
+        16 << 10,
+        "a readahead window of 16 1 MiB requests"
     );
     assert_eq!(
         statvfs(&m.root),

@@ -65,8 +65,10 @@ pub struct MountConfig {
     /// needs `allow_other`). Default: as root when `fusermount3` is installed (apt `fuse3`).
     pub auto_unmount: bool,
     /// The mount's readahead window in KiB, set on its bdi after mounting; 0 keeps the
-    /// kernel's (128 KiB). Default 1024: sequential first reads measured 1.5× faster (1.8 vs
-    /// 1.2 GB/s) with 1 MiB requests.
+    /// kernel's (128 KiB). Default 16384, one chunk: the kernel cuts a window into requests of
+    /// at most 1 MiB and sends them together, so several are read at once. Against a 1 MiB
+    /// window, first reads measured 1.2–1.6× faster warm and 1.3× cold, and `mmap` loads
+    /// (safetensors) up to 1.4× (docs/io.md).
     pub read_ahead_kb: u32,
     /// Namespace settings (TTLs, cache sizes).
     pub fs: FsConfig,
@@ -90,7 +92,7 @@ impl MountConfig {
             threads,
             allow_other: root,
             auto_unmount: root && in_path("fusermount3"),
-            read_ahead_kb: 1024,
+            read_ahead_kb: 16 << 10,
             fs: FsConfig::default(),
             remote: None,
             ready_fd: None,
