@@ -76,6 +76,10 @@ impl Passthrough {
         self.enabled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    fn refused(&self) -> bool {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Answers the open of `ino` as handle `fh`, passing it through to `backing` when the
     /// inode's mode allows.
     fn reply(
@@ -89,22 +93,20 @@ impl Passthrough {
         let mut inodes = lock(&self.inodes);
         let mode = inodes.entry(ino).or_insert_with(|| {
             let refused = &self.refused;
-            let id = backing
-                .filter(|_| !refused.load(std::sync::atomic::Ordering::Relaxed))
-                .and_then(|file| {
-                    reply
-                        .open_backing(&file)
-                        .map_err(|e| {
-                            // Refused once (no CAP_SYS_ADMIN, a stacked filesystem under the
-                            // store or the views: ELOOP), refused always: say so once.
-                            tracing::warn!(
-                                "the kernel refuses passthrough ({e}); files are served by the \
+            let id = backing.filter(|_| !self.refused()).and_then(|file| {
+                reply
+                    .open_backing(&file)
+                    .map_err(|e| {
+                        // Refused once (no CAP_SYS_ADMIN, a stacked filesystem under the
+                        // store or the views: ELOOP), refused always: say so once.
+                        tracing::warn!(
+                            "the kernel refuses passthrough ({e}); files are served by the \
                                  daemon from now on (views need a local filesystem and root)"
-                            );
-                            refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                        })
-                        .ok()
-                });
+                        );
+                        refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                    })
+                    .ok()
+            });
             match id {
                 Some(id) => IoMode::Passthrough(0, id),
                 None => IoMode::Cached(0),
@@ -257,6 +259,7 @@ impl Filesystem for FuseAdapter {
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             } else {
                 tracing::warn!("the kernel offers no FUSE passthrough (Linux 6.9+): views unused");
+                self.fs.stop_views();
             }
         }
         // Deliberately not requested: FUSE_AUTO_INVAL_DATA (files never change, so the page
@@ -306,6 +309,9 @@ impl Filesystem for FuseAdapter {
                 if self.passthrough.enabled() {
                     self.passthrough
                         .reply(ino.0, fh, fopen, opened.backing, reply);
+                    if self.passthrough.refused() {
+                        self.fs.stop_views();
+                    }
                 } else {
                     reply.opened(fh, fopen)
                 }

@@ -126,7 +126,8 @@ pub struct ViewCache {
     config: ViewConfig,
     index: Arc<Mutex<Index>>,
     jobs: Sender<Job>,
-    /// Set when the cache is dropped: a build under way stops and removes its file.
+    /// Set when the cache is dropped or [`ViewCache::stop_building`] is called: a build under
+    /// way stops and removes its file, and no other starts.
     stop: Arc<AtomicBool>,
 }
 
@@ -265,11 +266,18 @@ impl ViewCache {
         }
     }
 
+    /// Builds no view from now on, and stops the one under way: for a mount whose kernel
+    /// refuses passthrough, where no view would ever be read. Built views stay, for a later
+    /// mount that can pass files through to them.
+    pub fn stop_building(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
     /// Asks for view `key` of `content` (the file `label` names, for the log) to be built,
-    /// unless it is built, being built, failed before, or the file is smaller than
-    /// [`ViewConfig::min_file_bytes`]. Never waits.
+    /// unless it is built, being built, failed before, the file is smaller than
+    /// [`ViewConfig::min_file_bytes`], or building has stopped. Never waits.
     pub fn request(&self, key: Sha256, content: &Content, label: &str) {
-        if content.size() < self.config.min_file_bytes {
+        if content.size() < self.config.min_file_bytes || self.stop.load(Ordering::Relaxed) {
             return;
         }
         {
@@ -302,8 +310,9 @@ struct Builder {
 
 impl Builder {
     fn build(&self, job: Job) {
-        // Jobs still queued when the mount ends are dropped unannounced.
+        // Jobs still queued when building stops are dropped unannounced.
         if self.stop.load(Ordering::Relaxed) {
+            lock(&self.index).building.remove(&job.key);
             return;
         }
         let size = job.content.size();
@@ -317,6 +326,7 @@ impl Builder {
                 tracing::debug!("built view {} of {} ({size} bytes)", job.key, job.label);
                 self.evict(&mut index);
             }
+            // Stopped: not a failure, the file may be built by a later mount.
             Err(_) if self.stop.load(Ordering::Relaxed) => {}
             Err(e) => {
                 tracing::warn!(

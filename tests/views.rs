@@ -332,6 +332,13 @@ impl Drop for Overlay {
 fn a_kernel_that_refuses_passthrough_is_told_once_and_every_open_still_reads() {
     let (tmp, store) = store();
     let c = one_model(&store, 10);
+    let other = commit(&store, Some("bf16"), 11);
+    set_repo(
+        &store,
+        "local/y",
+        vec![release("1.0", &[("bf16", &other)])],
+        vec![],
+    );
     // Views on overlayfs: a backing file there is one stacking level too deep (ELOOP).
     let overlay = Overlay::new(&tmp.path().join("overlay"));
     let views = overlay.0.join("views");
@@ -350,5 +357,14 @@ fn a_kernel_that_refuses_passthrough_is_told_once_and_every_open_still_reads() {
     drop(held);
     assert_eq!(fs::read(&readme).unwrap(), c.readme);
     assert_eq!(logs().matches("the kernel refuses passthrough").count(), 1);
+    // No view is built after the refusal: none could be read.
+    let unviewed = m.path("local/y/latest/bf16/model.safetensors");
+    fs::read(&unviewed).unwrap();
+    assert_eq!(
+        view_state(&unviewed),
+        "absent",
+        "no build after the refusal"
+    );
+    assert_eq!(views_in(&views).len(), 1, "only the view built before");
     m.unmount();
 }

@@ -301,6 +301,14 @@ impl TensorFs {
         }
     }
 
+    /// Builds no more views (see [`ViewCache::stop_building`]): the kernel will not pass files
+    /// through to them. Does nothing without views.
+    pub fn stop_views(&self) {
+        if let Some(views) = &self.views {
+            views.stop_building();
+        }
+    }
+
     /// Where the view of file `ino` stands; `None` without views, or for a file that needs
     /// none (one held in memory, or one object, passed through to its blob).
     pub fn view_state(&self, ino: u64) -> FsResult<Option<ViewState>> {
