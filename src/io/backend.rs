@@ -8,11 +8,11 @@
 //! - [`Backend::UringDirect`]: io_uring with O_DIRECT, each range's aligned superset read into
 //!   registered, page-aligned bounce buffers (fixed-buffer reads), then copied out.
 //!
-//! [`Backend::Auto`] picks per request by cache state and size (docs/io.md gives the
-//! measurements behind it): every request first tries a non-blocking read (`preadv2` with
-//! `RWF_NOWAIT`), which copies what the page cache holds and never waits for the disk; what
-//! remains is cold: a batch of many small ranges goes to io_uring in one submission, larger
-//! ranges to `pread`, whose readahead streams them. Neither mmap (fastest in copies, but a
+//! [`Backend::Auto`] picks per batch by size and cache state (docs/io.md gives the
+//! measurements behind it): a batch of few or large ranges goes to `pread`, whose readahead
+//! streams them; in a batch of many small ranges, each first tries a non-blocking read
+//! (`preadv2` with `RWF_NOWAIT`), which copies what the page cache holds and never waits for
+//! the disk, and what remains cold goes to io_uring in one submission. Neither mmap (fastest in copies, but a
 //! truncated blob would kill the reader with SIGBUS, and mapped chunks count in the daemon's
 //! memory) nor O_DIRECT (five times slower on the virtual disks measured) is chosen
 //! automatically; `TENSORFS_IO` selects any backend.
