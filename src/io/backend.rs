@@ -43,7 +43,8 @@ pub enum Backend {
     /// io_uring with O_DIRECT: each range's aligned superset into registered bounce buffers,
     /// bypassing the page cache (falls back to buffered reads where O_DIRECT is refused).
     UringDirect,
-    /// Page-cache hits by a non-blocking read, the rest by io_uring (docs/io.md).
+    /// Few or large ranges by `pread`; many small ones by a non-blocking read of what the
+    /// page cache holds, the rest by io_uring (docs/io.md).
     #[default]
     Auto,
 }
