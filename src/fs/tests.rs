@@ -719,7 +719,9 @@ fn chunked_weights(f: &Fixture, n: usize, len: usize) -> (Content, Vec<ObjectRef
 fn reads_in_order_prefetch_the_next_chunks_and_jumps_do_not() {
     let f = fixture(FsConfig::default());
     const MIB: usize = 1 << 20;
-    let (content, chunks) = chunked_weights(&f, 4, 3 * MIB);
+    // Chunks of more than half the slack: a jump over three of them is beyond it.
+    let chunk = SEQUENTIAL_SLACK_BYTES as usize / 2 + MIB;
+    let (content, chunks) = chunked_weights(&f, 4, chunk);
     let commit = f.catalog.commit(
         "chunked",
         Some("u8"),
@@ -734,7 +736,8 @@ fn reads_in_order_prefetch_the_next_chunks_and_jumps_do_not() {
         .unwrap()
         .attr
         .ino;
-    let prefix = content.size() - 12 * MIB as u64;
+    let prefix = content.size() - 4 * chunk as u64;
+    let last = prefix + 3 * chunk as u64;
     let fh = f.fs.open(ino, false).unwrap().fh;
     let mut buf = vec![0u8; MIB];
     let hints = || f.objects.prefetched.lock().unwrap().clone();
@@ -746,10 +749,10 @@ fn reads_in_order_prefetch_the_next_chunks_and_jumps_do_not() {
     f.fs.read(fh, MIB as u64, &mut buf).unwrap();
     assert_eq!(hints(), [chunks[0..3].to_vec()]);
     // A jump of more than the slack is not in order.
-    f.fs.read(fh, prefix + 9 * MIB as u64, &mut buf).unwrap();
+    f.fs.read(fh, last + MIB as u64, &mut buf).unwrap();
     assert_eq!(hints().len(), 1);
     // Going on from there: only what is left of the file.
-    f.fs.read(fh, prefix + 10 * MIB as u64, &mut buf).unwrap();
+    f.fs.read(fh, last + 2 * MIB as u64, &mut buf).unwrap();
     assert_eq!(hints()[1], [chunks[3]]);
     assert_eq!(buf, vec![3u8; MIB]);
     // Another handle starts afresh.
