@@ -194,3 +194,46 @@ fn a_background_mount_takes_its_view_cache_settings() {
     );
     assert!(err.contains("not a size"), "{err}");
 }
+
+#[test]
+fn a_mount_over_an_endpoint_makes_its_absent_store_and_one_without_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    // The endpoint: a `file://` folder that a local store uploaded one model to.
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    let local = dir.path().join("local");
+    ok(
+        &local,
+        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
+    );
+    let endpoint = format!("file://{}", dir.path().join("endpoint").display());
+    ok(
+        &local,
+        &["upload", "local/tiny", "acme/tiny", "--endpoint", &endpoint],
+    );
+
+    let store = dir.path().join("cache");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let _cleanup = Cleanup(&mnt);
+    let err = fails(&store, &["mount", mnt.to_str().unwrap(), "--foreground"]);
+    assert!(err.contains("not a store"), "{err}");
+    assert!(!store.exists(), "a mount of the store alone creates none");
+    let log = dir.path().join("mount.log");
+    let args = [
+        "mount",
+        mnt.to_str().unwrap(),
+        "--endpoint",
+        &endpoint,
+        "--log-file",
+        log.to_str().unwrap(),
+    ];
+    ok(&store, &args);
+    assert!(store.join("format").is_file(), "the cache store was made");
+    assert_eq!(
+        files_of(&mnt.join("acme/tiny/latest/f32")),
+        files_of(&src),
+        "the endpoint's model reads through the new store"
+    );
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}

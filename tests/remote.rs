@@ -655,3 +655,32 @@ fn a_client_that_hangs_up_mid_answer_does_not_stop_the_server() {
     let head = request(server.address(), "HEAD", &blob_path(&big), &[], b"");
     assert_eq!(head.status, 200, "the server still answers");
 }
+
+#[test]
+fn serve_with_write_makes_an_absent_store_and_serve_without_refuses() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("new");
+    let err = fails(
+        &absent,
+        &["serve", absent.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+    );
+    assert!(err.contains("not a store"), "{err}");
+    assert!(!absent.exists(), "a read-only server creates no store");
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+        .args(["serve", absent.to_str().unwrap(), "--write"])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let read = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+    let _ = child.kill();
+    let _ = child.wait();
+    read.unwrap();
+    assert!(line.contains("read-write"), "{line}");
+    assert!(absent.join("format").is_file(), "the store was made");
+}

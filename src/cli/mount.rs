@@ -70,11 +70,15 @@ pub struct UnmountArgs {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let store = cli.store_root()?;
-    // The store must exist: a mount never creates one.
-    let store = crate::store::Store::open_existing(&store)?
-        .root()
-        .to_path_buf();
+    // A mount of the store alone needs it to exist (a mistyped path is an error, not an empty
+    // mount). Over an endpoint the store is where fetched objects are kept: made when absent,
+    // as `download` does.
+    let store = if args.endpoint.is_some() {
+        cli.open_store()?
+    } else {
+        cli.existing_store()?
+    };
+    let store = store.root().to_path_buf();
     if args.view_dir.is_some() && args.view_cache == 0 {
         anyhow::bail!("--view-dir needs --view-cache SIZE (views are off without it)");
     }

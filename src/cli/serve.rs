@@ -30,9 +30,12 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let store = match &args.dir {
-        Some(dir) => Store::open_existing(dir)?,
-        None => cli.existing_store()?,
+    // A server that takes uploads may start from nothing; one that only serves needs a store.
+    let store = match (&args.dir, args.write) {
+        (Some(dir), true) => Store::open(dir)?,
+        (Some(dir), false) => Store::open_existing(dir)?,
+        (None, true) => cli.open_store()?,
+        (None, false) => cli.existing_store()?,
     };
     let token = match &args.token_env {
         None => None,
