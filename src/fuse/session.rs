@@ -67,8 +67,8 @@ pub struct MountConfig {
     /// The mount's readahead window in KiB, set on its bdi after mounting; 0 keeps the
     /// kernel's (128 KiB). Default 16384, one chunk: the kernel cuts a window into requests of
     /// at most 1 MiB and sends them together, so several are read at once. Against a 1 MiB
-    /// window, first reads measured 1.2–1.6× faster warm and 1.3× cold, and `mmap` loads
-    /// (safetensors) up to 1.4× (docs/io.md).
+    /// window in the same runs (1 GiB, 2 cores), a fresh mount's first read was 1.0–1.6× as
+    /// fast warm and 1.3–1.4× cold, and a safetensors `safe_open` load 1.0–2.4×.
     pub read_ahead_kb: u32,
     /// Namespace settings (TTLs, cache sizes).
     pub fs: FsConfig,
