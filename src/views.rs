@@ -427,8 +427,12 @@ fn write_view(
 const MARKER: &str = ".tensorfs-views";
 
 /// Makes `dir` a views folder: a new one (mode 0700) or an empty one gets the marker; an
-/// existing one must hold it already.
-fn claim(dir: &Path) -> io::Result<()> {
+/// existing one must hold it already. [`ViewCache::open`] does this; a command may do it first
+/// to refuse a folder before it mounts.
+///
+/// # Errors
+/// The folder cannot be made or listed, or it holds other files.
+pub fn claim(dir: &Path) -> io::Result<()> {
     match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {

@@ -193,6 +193,28 @@ fn a_background_mount_takes_its_view_cache_settings() {
         &["mount", mnt.to_str().unwrap(), "--view-cache", "lots"],
     );
     assert!(err.contains("not a size"), "{err}");
+    // A folder of other files is refused before anything is mounted.
+    let taken = dir.path().join("taken");
+    fs::create_dir(&taken).unwrap();
+    fs::write(taken.join("keep.txt"), b"mine").unwrap();
+    let err = fails(
+        &store,
+        &[
+            "mount",
+            mnt.to_str().unwrap(),
+            "--view-cache",
+            "1G",
+            "--view-dir",
+            taken.to_str().unwrap(),
+        ],
+    );
+    assert!(err.contains("holds other files"), "{err}");
+    assert!(!mounted(&mnt));
+    assert_eq!(
+        fs::read_dir(&taken).unwrap().count(),
+        1,
+        "the folder is untouched"
+    );
 }
 
 #[test]

@@ -83,6 +83,16 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--view-dir needs --view-cache SIZE (views are off without it)");
     }
     let mountpoint = session::check_mountpoint(&args.mountpoint)?;
+    // Views asked for but impossible are refused here, where the user sees it; the daemon
+    // alone would only log it and serve without them.
+    let view_dir = match (args.view_cache, &args.view_dir) {
+        (0, _) => None,
+        (_, Some(dir)) => Some(std::path::absolute(dir).context("the views' folder")?),
+        (_, None) => Some(store.join("views")),
+    };
+    if let Some(dir) = &view_dir {
+        crate::views::claim(dir).with_context(|| format!("the views' folder {}", dir.display()))?;
+    }
     let remote = args.endpoint.as_ref().map(|endpoint| LazyConfig {
         token: args.token.clone().filter(|t| !t.is_empty()),
         repos: args.repos.clone(),
@@ -99,11 +109,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         if let Some(threads) = args.threads {
             config.threads = threads.max(1);
         }
-        if args.view_cache > 0 {
-            let dir = match &args.view_dir {
-                Some(dir) => std::path::absolute(dir).context("the views' folder")?,
-                None => store.join("views"),
-            };
+        if let Some(dir) = view_dir {
             config.fs.views = Some(ViewConfig::new(dir, args.view_cache));
         }
         session::mount(config)?;
@@ -131,13 +137,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(threads) = args.threads {
         command.arg("--threads").arg(threads.to_string());
     }
-    if args.view_cache > 0 {
+    if let Some(dir) = &view_dir {
         command.arg("--view-cache").arg(args.view_cache.to_string());
-        if let Some(dir) = &args.view_dir {
-            command
-                .arg("--view-dir")
-                .arg(std::path::absolute(dir).context("the views' folder")?);
-        }
+        command.arg("--view-dir").arg(dir);
     }
     if let Some(remote) = &remote {
         command.arg("--endpoint").arg(&remote.endpoint);
