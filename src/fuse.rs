@@ -92,7 +92,6 @@ impl Passthrough {
     ) {
         let mut inodes = lock(&self.inodes);
         let mode = inodes.entry(ino).or_insert_with(|| {
-            let refused = &self.refused;
             let id = backing.filter(|_| !self.refused()).and_then(|file| {
                 reply
                     .open_backing(&file)
@@ -103,7 +102,8 @@ impl Passthrough {
                             "the kernel refuses passthrough ({e}); files are served by the \
                                  daemon from now on (views need a local filesystem and root)"
                         );
-                        refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                        self.refused
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
                     })
                     .ok()
             });

@@ -28,6 +28,19 @@ impl Drop for Cleanup<'_> {
     }
 }
 
+/// The small Transformers folder at `<dir>/src`, imported as `local/tiny` into the store
+/// `<dir>/<store>`: (source, store).
+fn imported_tiny(dir: &Path, store: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let src = dir.join("src");
+    transformers_folder(&src);
+    let store = dir.join(store);
+    ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
+    );
+    (src, store)
+}
+
 /// The small Transformers folder imported as `local/tiny` and mounted in the background at
 /// `<dir>/mnt`: (source, store, mount point, the mount command's output).
 fn mounted_tiny(
@@ -39,13 +52,7 @@ fn mounted_tiny(
     std::path::PathBuf,
     String,
 ) {
-    let src = dir.join("src");
-    transformers_folder(&src);
-    let store = dir.join("store");
-    ok(
-        &store,
-        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
-    );
+    let (src, store) = imported_tiny(dir, "store");
     let mnt = dir.join("mnt");
     fs::create_dir(&mnt).unwrap();
     let log = dir.join("mount.log");
@@ -221,13 +228,7 @@ fn a_background_mount_takes_its_view_cache_settings() {
 fn a_mount_over_an_endpoint_makes_its_absent_store_and_one_without_refuses() {
     let dir = tempfile::tempdir().unwrap();
     // The endpoint: a `file://` folder that a local store uploaded one model to.
-    let src = dir.path().join("src");
-    transformers_folder(&src);
-    let local = dir.path().join("local");
-    ok(
-        &local,
-        &["import", src.to_str().unwrap(), "--name", "local/tiny"],
-    );
+    let (src, local) = imported_tiny(dir.path(), "local");
     let endpoint = format!("file://{}", dir.path().join("endpoint").display());
     ok(
         &local,

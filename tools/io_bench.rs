@@ -85,10 +85,11 @@ fn run(backend: Backend, blobs: &[Blob], size: usize, random: bool, total: usize
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
-    let round: usize = args
-        .iter()
-        .position(|a| a == "--run")
-        .map_or(0, |i| args[i + 1].parse().expect("--run K takes a number"));
+    let round: usize = args.iter().position(|a| a == "--run").map_or(0, |i| {
+        args.get(i + 1)
+            .and_then(|k| k.parse().ok())
+            .expect("--run K takes a number")
+    });
     let mut rest = args
         .iter()
         .enumerate()
