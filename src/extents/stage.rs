@@ -26,13 +26,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use io_uring::{opcode, types, IoUring};
-use memmap2::MmapMut;
-
 use super::Located;
+use crate::io::uring::{Batch, Buffers, Ring, MAX_BUFFERS};
 
 /// Settings of a [`Stager`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,18 +213,16 @@ pub struct StageStats {
 
 /// Reads located tensors into its host buffers with io_uring, for a [`StageSink`].
 pub struct Stager {
-    // Dropped first: the ring unregisters the buffers before they are unmapped.
-    ring: IoUring,
-    buffers: Vec<MmapMut>,
-    fixed: bool,
+    /// The ring owns the buffers (registered with it where the kernel agrees).
+    ring: Ring,
     config: StageConfig,
 }
 
 impl std::fmt::Debug for Stager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stager")
-            .field("buffers", &self.buffers.len())
-            .field("fixed", &self.fixed)
+            .field("buffers", &self.ring.buffer_count())
+            .field("fixed", &self.ring.fixed())
             .field("config", &self.config)
             .finish()
     }
@@ -272,47 +268,27 @@ impl Stager {
     pub fn new(config: StageConfig) -> Result<Stager, StageError> {
         let page = page_size();
         let config = StageConfig {
-            buffers: config.buffers.clamp(1, u16::MAX as usize),
+            buffers: config.buffers.clamp(1, MAX_BUFFERS),
             buffer_bytes: config.buffer_bytes.max(1).div_ceil(page) * page,
             read_bytes: config.read_bytes.clamp(1, 1 << 30),
             queue_depth: config.queue_depth.clamp(1, 4096),
             fixed_buffers: config.fixed_buffers,
         };
-        let buffers = (0..config.buffers)
-            .map(|_| MmapMut::map_anon(config.buffer_bytes))
-            .collect::<io::Result<Vec<_>>>()
-            .map_err(|source| StageError::Alloc {
+        let buffers = Buffers::new(config.buffers, config.buffer_bytes).map_err(|source| {
+            StageError::Alloc {
                 count: config.buffers,
                 bytes: config.buffer_bytes,
                 source,
-            })?;
-        let ring = IoUring::new(config.queue_depth).map_err(|source| StageError::Ring {
-            what: "setting up the ring",
-            source,
-        })?;
-        let mut stager = Stager {
-            ring,
-            buffers,
-            fixed: false,
-            config,
-        };
-        if stager.config.fixed_buffers {
-            let iovecs: Vec<libc::iovec> = stager
-                .buffers
-                .iter_mut()
-                .map(|b| libc::iovec {
-                    iov_base: b.as_mut_ptr().cast(),
-                    iov_len: b.len(),
-                })
-                .collect();
-            // SAFETY: each iovec spans one of our mappings, which live as long as the ring (the
-            // ring is dropped first, unregistering them) and are never remapped.
-            match unsafe { stager.ring.submitter().register_buffers(&iovecs) } {
-                Ok(()) => stager.fixed = true,
-                Err(e) => tracing::debug!("io_uring refused fixed buffers ({e}); plain reads"),
             }
-        }
-        Ok(stager)
+        })?;
+        let ring =
+            Ring::new(config.queue_depth, buffers, config.fixed_buffers).map_err(|source| {
+                StageError::Ring {
+                    what: "setting up the ring",
+                    source,
+                }
+            })?;
+        Ok(Stager { ring, config })
     }
 
     /// The settings in force (sizes rounded as [`StageConfig`] says).
@@ -322,7 +298,7 @@ impl Stager {
 
     /// Whether the buffers are registered with io_uring (reads are `ReadFixed`).
     pub fn fixed(&self) -> bool {
-        self.fixed
+        self.ring.fixed()
     }
 
     /// Buffer `slot`'s memory: page-aligned, [`StageConfig::buffer_bytes`] long, at a fixed
@@ -331,7 +307,7 @@ impl Stager {
     /// # Panics
     /// `slot` is not below [`StageConfig::buffers`].
     pub fn buffer(&self, slot: usize) -> &[u8] {
-        &self.buffers[slot]
+        self.ring.buffer(slot)
     }
 
     /// Reads every part of `located` from its blobs, handing each filled buffer to `sink`. On
@@ -348,26 +324,31 @@ impl Stager {
         sink: &mut dyn StageSink,
     ) -> Result<StageStats, StageError> {
         let plan = self.plan(located)?;
+        let buffers = self.ring.buffer_count();
+        let queue_depth = self.ring.entries();
         let mut run = Run {
+            batch: self.ring.batch(),
             remaining: plan.fills.iter().map(|f| f.reads.len()).collect(),
-            stager: self,
             located,
             plan,
+            buffers,
+            queue_depth,
             queue: VecDeque::new(),
-            in_flight: 0,
             stats: StageStats::default(),
         };
         let result = run.drive(sink);
-        let drained = run.drain();
+        let used = run.plan.fills.len().min(buffers);
+        let stats = std::mem::take(&mut run.stats);
+        // Dropping the run drops its batch, which waits for every read still in flight.
+        drop(run);
         // Every buffer handed over is reclaimed, so none is read after this returns.
-        let used = run.plan.fills.len().min(run.stager.buffers.len());
         let mut reclaimed = Ok(());
         for slot in 0..used {
             if let Err(source) = sink.reclaim(slot) {
-                reclaimed = reclaimed.and(Err(run.sink_error(source)));
+                reclaimed = reclaimed.and(Err(sink_error(located, source)));
             }
         }
-        result.and(drained).and(reclaimed).map(|()| run.stats)
+        result.and(reclaimed).map(|()| stats)
     }
 
     /// Cuts `located`'s extents into fills of the buffers and reads of at most `read_bytes`,
@@ -379,7 +360,7 @@ impl Stager {
             why,
         };
         let (n, size, read) = (
-            self.buffers.len(),
+            self.ring.buffer_count(),
             self.config.buffer_bytes,
             self.config.read_bytes,
         );
@@ -488,29 +469,34 @@ impl Stager {
 
 /// One [`Stager::stage`] in progress.
 struct Run<'a> {
-    stager: &'a mut Stager,
+    // Dropped first: the batch waits for its reads before the plan closes their blobs.
+    batch: Batch<'a>,
     located: &'a Located,
     plan: Plan,
+    buffers: usize,
+    queue_depth: usize,
     /// Reads of each fill not yet complete.
     remaining: Vec<usize>,
     /// Reads to submit (indices into the plan's reads), the rest of short reads first.
     queue: VecDeque<usize>,
-    in_flight: usize,
     stats: StageStats,
 }
 
 impl Run<'_> {
     fn drive(&mut self, sink: &mut dyn StageSink) -> Result<(), StageError> {
-        let n = self.stager.buffers.len();
+        let n = self.buffers;
         let total = self.plan.fills.len();
         let (mut started, mut consumed) = (0, 0);
         loop {
             // Hand over filled buffers, in order.
             while consumed < started && self.remaining[consumed] == 0 {
                 let fill = &self.plan.fills[consumed];
-                let buffer = &self.stager.buffers[fill.slot][..fill.used];
-                if let Err(e) = sink.consume(fill.slot, buffer, &fill.segments) {
-                    return Err(self.sink_error(e));
+                let buffer = self
+                    .batch
+                    .buffer(fill.slot)
+                    .expect("every read of a complete fill has completed");
+                if let Err(e) = sink.consume(fill.slot, &buffer[..fill.used], &fill.segments) {
+                    return Err(sink_error(self.located, e));
                 }
                 self.stats.fills += 1;
                 self.stats.bytes += fill.used as u64;
@@ -524,7 +510,7 @@ impl Run<'_> {
                 let fill = &self.plan.fills[started];
                 if started >= n {
                     if let Err(e) = sink.reclaim(fill.slot) {
-                        return Err(self.sink_error(e));
+                        return Err(sink_error(self.located, e));
                     }
                 }
                 self.queue.extend(fill.reads.clone());
@@ -534,80 +520,51 @@ impl Run<'_> {
                 continue;
             }
             self.submit()?;
-            self.wait()?;
             self.reap()?;
         }
     }
 
     /// Pushes queued reads while fewer than `queue_depth` are in flight.
     fn submit(&mut self) -> Result<(), StageError> {
-        let depth = self.stager.config.queue_depth as usize;
-        while self.in_flight < depth {
+        while self.batch.in_flight() < self.queue_depth {
             let Some(&i) = self.queue.front() else { break };
             let op = &self.plan.ops[i];
-            let (done, length) = (op.done, op.length);
-            let fd = types::Fd(self.plan.files[op.file].1.as_raw_fd());
-            let rest = (length - done) as u32;
-            // SAFETY: `buffer_offset + length` is within buffer `slot` (the plan cuts reads
-            // inside their fill), so the pointer and length stay inside our mapping.
-            let buf = unsafe {
-                self.stager.buffers[op.slot]
-                    .as_mut_ptr()
-                    .add(op.buffer_offset + done)
-            };
-            let offset = op.offset + done as u64;
-            let entry = match self.stager.fixed {
-                true => opcode::ReadFixed::new(fd, buf, rest, op.slot as u16)
-                    .offset(offset)
-                    .build(),
-                false => opcode::Read::new(fd, buf, rest).offset(offset).build(),
-            }
-            .user_data(i as u64);
-            // SAFETY: the buffer range is written by no one else until this read completes: its
-            // fill is handed to the sink only after all its reads complete, and it was reclaimed
-            // from the sink before the fill started. The fd stays open (the plan owns it) until
-            // `drain` has waited for every read in flight.
-            let pushed = unsafe { self.stager.ring.submission().push(&entry) };
-            if pushed.is_err() {
-                self.stager
-                    .ring
-                    .submit()
-                    .map_err(|source| ring_error("submitting reads", source))?;
-                continue;
-            }
+            let rest = (op.length - op.done) as u32;
+            let id = u32::try_from(i)
+                .map_err(|_| ring_error("submitting reads", io::Error::other("over 2^32 reads")))?;
+            // The plan cuts reads inside their fill, so the range lies in buffer `slot`, which
+            // the sink gave back before the fill started and gets again only once every read
+            // of the fill has completed.
+            self.batch
+                .read_buffer(
+                    self.plan.files[op.file].1.as_fd(),
+                    op.slot,
+                    op.buffer_offset + op.done,
+                    rest,
+                    op.offset + op.done as u64,
+                    id,
+                )
+                .map_err(|source| ring_error("submitting reads", source))?;
             self.queue.pop_front();
-            self.in_flight += 1;
         }
         Ok(())
     }
 
-    /// Submits what is queued in the ring and waits for at least one completion.
-    fn wait(&mut self) -> Result<(), StageError> {
-        loop {
-            match self.stager.ring.submit_and_wait(1) {
-                Ok(_) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(source) => return Err(ring_error("waiting for reads", source)),
-            }
-        }
-    }
-
-    /// Takes completions: a read whole, short (its rest queued again), or failed.
+    /// Waits for completions and takes them: a read whole, short (its rest queued again), or
+    /// failed.
     fn reap(&mut self) -> Result<(), StageError> {
-        let completions: Vec<(usize, i32)> = self
-            .stager
-            .ring
-            .completion()
-            .map(|c| (c.user_data() as usize, c.result()))
-            .collect();
+        let completions = self
+            .batch
+            .wait()
+            .map_err(|source| ring_error("waiting for reads", source))?;
         let mut first_error = None;
-        for (i, result) in completions {
-            self.in_flight -= 1;
+        for c in completions {
+            let i = c.id as usize;
             self.stats.reads += 1;
             let op = &mut self.plan.ops[i];
             let path = &self.plan.files[op.file].0;
-            match result {
-                r if r == -libc::EINTR || r == -libc::EAGAIN => {
+            match c.result {
+                _ if c.retry() => {
                     self.stats.resubmitted += 1;
                     self.queue.push_front(i);
                 }
@@ -643,24 +600,13 @@ impl Run<'_> {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
 
-    /// Waits for every read still in flight (their results are dropped), so that no
-    /// completion of this run reaches a later one and no read writes a buffer after it.
-    fn drain(&mut self) -> Result<(), StageError> {
-        while self.in_flight > 0 {
-            self.wait()?;
-            let n = self.stager.ring.completion().count();
-            self.in_flight -= n;
-        }
-        Ok(())
-    }
-
-    fn sink_error(&self, source: SinkError) -> StageError {
-        StageError::Sink {
-            file: self.located.file.clone(),
-            tensor: self.located.key.clone(),
-            source,
-        }
+fn sink_error(located: &Located, source: SinkError) -> StageError {
+    StageError::Sink {
+        file: located.file.clone(),
+        tensor: located.key.clone(),
+        source,
     }
 }
 

@@ -23,13 +23,15 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
+
+use super::uring::{Buffers, Ring};
 
 /// How chunk bytes are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -332,43 +334,8 @@ fn read_cached(blob: &Blob, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     Ok(done)
 }
 
-/// A page-aligned buffer.
-struct Aligned {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Aligned {
-    fn new(len: usize) -> Aligned {
-        let layout = std::alloc::Layout::from_size_align(len, ALIGN).expect("a valid layout");
-        // SAFETY: a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory for {len} bytes");
-        Aligned { ptr, len }
-    }
-
-    fn slice(&self, len: usize) -> &[u8] {
-        // SAFETY: `len` ≤ the allocation, which lives as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, len.min(self.len)) }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len, ALIGN).expect("a valid layout");
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { std::alloc::dealloc(self.ptr, layout) }
-    }
-}
-
-/// A thread's ring and its registered bounce buffers.
-struct Ring {
-    ring: io_uring::IoUring,
-    bounce: Vec<Aligned>,
-    registered: bool,
-}
-
 thread_local! {
+    /// Each thread's ring, with its bounce buffers; dropped (after draining) at thread exit.
     static RING: RefCell<Option<Ring>> = const { RefCell::new(None) };
 }
 
@@ -399,30 +366,16 @@ fn will_need(blob: &Blob, offset: u64, len: usize) {
     };
 }
 
-/// Ring entries: the most reads in flight per submission.
+/// Ring entries: the most reads in flight per thread.
 const RING_ENTRIES: u32 = 64;
 
-impl Ring {
-    fn new() -> io::Result<Ring> {
-        let ring = io_uring::IoUring::new(RING_ENTRIES)?;
-        let bounce: Vec<Aligned> = (0..BOUNCE_COUNT)
-            .map(|_| Aligned::new(BOUNCE_BYTES))
-            .collect();
-        let iovecs: Vec<libc::iovec> = bounce
-            .iter()
-            .map(|b| libc::iovec {
-                iov_base: b.ptr.cast(),
-                iov_len: b.len,
-            })
-            .collect();
-        // SAFETY: the buffers live as long as the ring (both dropped together, ring first).
-        let registered = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        Ok(Ring {
-            ring,
-            bounce,
-            registered,
-        })
-    }
+/// A thread's ring: [`BOUNCE_COUNT`] registered bounce buffers for O_DIRECT reads.
+fn new_ring() -> io::Result<Ring> {
+    Ring::new(
+        RING_ENTRIES,
+        Buffers::new(BOUNCE_COUNT, BOUNCE_BYTES)?,
+        true,
+    )
 }
 
 /// A read to submit: `len` bytes of request `blob`'s blob from `offset`, landing in the caller
@@ -439,7 +392,7 @@ impl Piece {
         self.segs.iter().map(|s| s.2).sum()
     }
 
-    /// The piece without its first `n` bytes.
+    /// The piece without its first `n` bytes, read buffered.
     fn skip(&self, mut n: usize) -> Piece {
         let mut segs = Vec::new();
         for &(r, at, len) in &self.segs {
@@ -506,18 +459,17 @@ fn pieces(requests: &[Request<'_>], direct: bool) -> Vec<Piece> {
     out
 }
 
-/// Reads every request with io_uring in batches of up to [`RING_ENTRIES`] reads: buffered
+/// Reads every request with io_uring, up to [`RING_ENTRIES`] reads in flight: buffered
 /// vectored reads into the caller's memory (adjacent ranges of one blob as one read), or with
-/// `direct`, O_DIRECT reads of each range's aligned superset into registered bounce buffers,
+/// `direct`, O_DIRECT reads of each range's aligned superset into the ring's bounce buffers,
 /// copied out. Falls back to `pread` where io_uring is not available.
 fn read_uring(requests: &mut [Request<'_>], direct: bool) -> io::Result<()> {
     let result = RING.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
-            *slot = Some(Ring::new()?);
+            *slot = Some(new_ring()?);
         }
-        let ring = slot.as_mut().expect("just made");
-        uring_batch(ring, requests, direct && ring.registered)
+        uring_batch(slot.as_mut().expect("just made"), requests, direct)
     });
     match result {
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
@@ -527,120 +479,120 @@ fn read_uring(requests: &mut [Request<'_>], direct: bool) -> io::Result<()> {
     }
 }
 
+/// One batch of `requests` on `ring`. Every exit (an error, a panic) drops the batch, which
+/// waits for the reads still in flight before the caller's buffers are handed back.
 fn uring_batch(ring: &mut Ring, requests: &mut [Request<'_>], direct: bool) -> io::Result<()> {
-    let mut todo: std::collections::VecDeque<Piece> = pieces(requests, direct).into();
-    for piece in todo
+    let mut pieces = pieces(requests, direct);
+    for piece in pieces
         .iter()
         .filter(|p| !p.direct && p.len() >= WILLNEED_MIN_BYTES)
     {
         will_need(requests[piece.blob].blob, piece.offset, piece.len());
     }
-    // Vectors of the buffered reads in flight, kept alive until their completions.
+    // The caller's buffers, by their addresses taken once: the kernel and the copies out of the
+    // bounce buffers write through these, never through a new borrow of a buffer while a read
+    // into it is in flight.
+    let bases: Vec<*mut u8> = requests.iter_mut().map(|r| r.buf.as_mut_ptr()).collect();
+    let blobs: Vec<&Blob> = requests.iter().map(|r| r.blob).collect();
+    // The vectors of buffered reads, one per read pushed: declared before the batch, so they
+    // are freed after it has drained.
     let mut iovecs: Vec<Vec<libc::iovec>> = Vec::new();
-    while !todo.is_empty() {
-        let mut flight: Vec<(Piece, Option<usize>)> = Vec::new(); // piece, bounce buffer
-        iovecs.clear();
-        let mut free_bounce: Vec<usize> = (0..ring.bounce.len()).collect();
-        {
-            let mut sq = ring.ring.submission();
-            while let Some(piece) = todo.pop_front() {
-                if sq.is_full() {
-                    todo.push_front(piece);
-                    break;
-                }
-                let r = &requests[piece.blob];
-                let id = flight.len() as u64;
-                let (entry, bounce) = if piece.direct {
-                    let Some(b) = free_bounce.pop() else {
-                        todo.push_front(piece);
-                        break;
-                    };
-                    let fd = r.blob.direct().expect("checked when split");
-                    let aligned = piece.offset & !(ALIGN as u64 - 1);
-                    let skip = (piece.offset - aligned) as usize;
-                    let span = (skip + piece.len()).div_ceil(ALIGN) * ALIGN;
-                    let entry = io_uring::opcode::ReadFixed::new(
-                        io_uring::types::Fd(fd.as_raw_fd()),
-                        ring.bounce[b].ptr,
-                        span as u32,
-                        b as u16,
-                    )
-                    .offset(aligned)
-                    .build();
-                    (entry, Some(b))
-                } else {
-                    let vec: Vec<libc::iovec> = piece
-                        .segs
-                        .iter()
-                        .map(|&(i, at, len)| libc::iovec {
-                            iov_base: requests[i].buf[at..].as_ptr() as *mut libc::c_void,
-                            iov_len: len,
-                        })
-                        .collect();
-                    iovecs.push(vec);
-                    let vec = iovecs.last().expect("just pushed");
-                    let entry = io_uring::opcode::Readv::new(
-                        io_uring::types::Fd(r.blob.file.as_raw_fd()),
+    let mut todo: std::collections::VecDeque<usize> = (0..pieces.len()).collect();
+    let mut free_bounce: Vec<usize> = (0..ring.buffer_count()).collect();
+    let mut bounce_of: Vec<Option<usize>> = vec![None; pieces.len()];
+    let mut batch = ring.batch();
+    loop {
+        while batch.has_room() {
+            let Some(&p) = todo.front() else { break };
+            let piece = &pieces[p];
+            let blob = blobs[piece.blob];
+            let id = u32::try_from(p).map_err(|_| io::Error::other("too many reads"))?;
+            if piece.direct {
+                let Some(b) = free_bounce.pop() else { break };
+                let fd = blob.direct().expect("checked when split");
+                let aligned = piece.offset & !(ALIGN as u64 - 1);
+                let skip = (piece.offset - aligned) as usize;
+                let span = (skip + piece.len()).div_ceil(ALIGN) * ALIGN;
+                batch.read_buffer(fd.as_fd(), b, 0, span as u32, aligned, id)?;
+                bounce_of[p] = Some(b);
+            } else {
+                let vec: Vec<libc::iovec> = piece
+                    .segs
+                    .iter()
+                    .map(|&(i, at, len)| libc::iovec {
+                        // SAFETY: `at + len` is within request `i`'s buffer (pieces cut inside
+                        // their requests).
+                        iov_base: unsafe { bases[i].add(at) }.cast(),
+                        iov_len: len,
+                    })
+                    .collect();
+                iovecs.push(vec);
+                let vec = iovecs.last().expect("just pushed");
+                // SAFETY: the iovecs live in `iovecs` until after the batch drains, and span
+                // disjoint ranges of the caller's buffers (pieces never overlap), which nothing
+                // touches until this read's completion: a piece's rest is pushed only after it.
+                unsafe {
+                    batch.readv(
+                        blob.file.as_fd(),
                         vec.as_ptr(),
                         vec.len() as u32,
+                        piece.offset,
+                        id,
                     )
-                    .offset(piece.offset)
-                    .build();
-                    (entry, None)
-                };
-                // SAFETY: the memory the entry names (caller buffers through `iovecs`, or a
-                // bounce buffer) stays valid and is not otherwise touched until the entry's
-                // completion is reaped below, before this function returns.
-                unsafe { sq.push(&entry.user_data(id)) }.expect("checked not full");
-                flight.push((piece, bounce));
+                }?;
             }
+            todo.pop_front();
         }
-        let n = flight.len();
-        ring.ring.submit_and_wait(n)?;
-        let mut reaped = 0;
-        while reaped < n {
-            let done: Vec<(u64, i32)> = ring
-                .ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
-            if done.is_empty() {
-                ring.ring.submit_and_wait(1)?;
+        if todo.is_empty() && batch.idle() {
+            return Ok(());
+        }
+        for c in batch.wait()? {
+            let p = c.id as usize;
+            let blob = blobs[pieces[p].blob];
+            let bounce = bounce_of[p].take();
+            if c.retry() {
+                free_bounce.extend(bounce);
+                todo.push_front(p);
                 continue;
             }
-            for (id, result) in done {
-                reaped += 1;
-                let (piece, bounce) = &flight[id as usize];
-                let blob = requests[piece.blob].blob;
-                if result < 0 {
-                    if piece.direct && -result == libc::EINVAL {
-                        // The filesystem refuses this O_DIRECT read: read it buffered.
-                        todo.push_back(piece.skip(0));
-                        continue;
-                    }
-                    let e = io::Error::from_raw_os_error(-result);
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("{}: {e}", blob.path.display()),
-                    ));
+            if c.result < 0 {
+                free_bounce.extend(bounce);
+                if pieces[p].direct && -c.result == libc::EINVAL {
+                    // The filesystem refuses this O_DIRECT read: read it buffered.
+                    let rest = pieces[p].skip(0);
+                    bounce_of.push(None);
+                    pieces.push(rest);
+                    todo.push_back(pieces.len() - 1);
+                    continue;
                 }
-                let mut got = result as usize;
-                if let Some(b) = *bounce {
-                    let skip = (piece.offset & (ALIGN as u64 - 1)) as usize;
-                    got = got.saturating_sub(skip).min(piece.len());
-                    let (i, at, _) = piece.segs[0];
-                    requests[i].buf[at..at + got]
-                        .copy_from_slice(&ring.bounce[b].slice(skip + got)[skip..]);
-                } else if got == 0 {
-                    return Err(blob.past_end(piece.offset, piece.len()));
-                }
-                if got < piece.len() {
-                    todo.push_back(piece.skip(got));
-                }
+                let e = io::Error::from_raw_os_error(-c.result);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", blob.path.display()),
+                ));
+            }
+            let piece = &pieces[p];
+            let mut got = c.result as usize;
+            if let Some(b) = bounce {
+                let skip = (piece.offset & (ALIGN as u64 - 1)) as usize;
+                got = got.saturating_sub(skip).min(piece.len());
+                let (i, at, _) = piece.segs[0];
+                let src = &batch.buffer(b).expect("its read completed")[skip..skip + got];
+                // SAFETY: `at + got` is within request `i`'s buffer, which no read in flight
+                // targets in this range (this piece's read has completed).
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), bases[i].add(at), got) };
+                free_bounce.push(b);
+            } else if got == 0 {
+                return Err(blob.past_end(piece.offset, piece.len()));
+            }
+            if got < piece.len() {
+                let rest = piece.skip(got);
+                bounce_of.push(None);
+                pieces.push(rest);
+                todo.push_back(pieces.len() - 1);
             }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
