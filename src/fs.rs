@@ -19,7 +19,7 @@
 //! Data flow of a read: the kernel's `open` of a lane file becomes [`TensorFs::open`], which
 //! takes the file's [`Content`](crate::layout::Content) from the commit's cached view into a
 //! handle; each `read` is [`TensorFs::read`] → `Content::read_at` → the
-//! [`ObjectSource`](crate::layout::ObjectSource) (a verifying
+//! [`ObjectSource`](crate::io::ObjectSource) (a verifying
 //! [`BlobReader`](crate::io::BlobReader) in a mount) → `pread` on chunk blobs.
 //!
 //! Freshness: the upper levels follow the store's refs (re-read at most every
@@ -85,7 +85,7 @@ pub struct FsConfig {
     pub blksize_bytes: u32,
     /// Chunks fetched ahead of a reader going through a file in order: when a read starts
     /// where the handle's previous read ended (within [`SEQUENTIAL_SLACK_BYTES`]), the
-    /// [`ObjectSource`](crate::layout::ObjectSource) hears of the next this many distinct
+    /// [`ObjectSource`](crate::io::ObjectSource) hears of the next this many distinct
     /// chunks of the file's plan. 0 turns it off. Default 2. Only a source that fetches from
     /// far away (the lazy mount) acts on it.
     pub prefetch_chunks: usize,

@@ -23,6 +23,7 @@
 pub mod chunks;
 mod convention;
 mod gguf;
+mod lane;
 mod model;
 mod scan;
 
@@ -96,10 +97,14 @@ pub struct ImportReport {
     pub skipped: Vec<(String, String)>,
     /// What a loader may trip on; the import went on.
     pub warnings: Vec<String>,
-    /// Bytes of chunks written (before deduplication against the store).
+    /// Bytes of chunks written (before deduplication against the store): the tensors' bytes
+    /// with the padding that aligns each in its chunk, and bytes a convention states. The
+    /// progress bar counts these.
     pub chunk_bytes: u64,
-    /// Objects that were not in the store before.
+    /// Objects (chunks, headers, trees, files) that were not in the store before.
     pub new_objects: usize,
+    /// Their bytes: what the import added to the store.
+    pub new_bytes: u64,
 }
 
 /// One imported lane.
@@ -113,7 +118,8 @@ pub struct LaneReport {
     pub header: String,
     /// Number of tensors.
     pub tensors: usize,
-    /// Bytes of tensor data.
+    /// Bytes of tensor data: each plain tensor's bytes and each encoded tensor's parts, as the
+    /// source files hold them (no padding).
     pub tensor_bytes: u64,
     /// Files the lane folder shows.
     pub files: usize,
@@ -371,7 +377,7 @@ pub fn import(
         });
     }
 
-    let new_objects = publish(store, staged, name, &trees)?;
+    let (new_objects, new_bytes) = publish(store, staged, name, &trees)?;
     Ok(ImportReport {
         name: name.to_owned(),
         lanes: reports,
@@ -379,6 +385,7 @@ pub fn import(
         warnings,
         chunk_bytes: total,
         new_objects,
+        new_bytes,
     })
 }
 
@@ -392,7 +399,7 @@ enum Stored {
 
 /// The component's stored parts in header order: each plain tensor, each part of each encoded
 /// tensor (markers are kept in the recipe instead), as (key, length, source).
-fn stored_parts(c: &model::ComponentModel) -> Vec<(&str, u64, Stored)> {
+fn stored_parts(c: &lane::ComponentModel) -> Vec<(&str, u64, Stored)> {
     let mut out = Vec::new();
     for item in &c.items {
         match item {
@@ -428,13 +435,17 @@ pub(crate) fn publish(
     staged: Vec<Staged>,
     name: &str,
     commits: &[ObjectRef],
-) -> Result<usize, StoreError> {
+) -> Result<(usize, u64), StoreError> {
     let _fence = store.fence()?;
-    let mut new_objects = 0;
+    let (mut new_objects, mut new_bytes) = (0, 0);
     for s in staged {
         let present = store.contains(s.object());
+        let length = s.object().length;
         s.publish()?;
-        new_objects += usize::from(!present);
+        if !present {
+            new_objects += 1;
+            new_bytes += length;
+        }
     }
     store.update_repo(name, |old| {
         let mut repo = old.unwrap_or_else(|| Repo {
@@ -447,7 +458,7 @@ pub(crate) fn publish(
         repo.commits.extend(commits.iter().copied());
         repo
     })?;
-    Ok(new_objects)
+    Ok((new_objects, new_bytes))
 }
 
 /// The refusal of a source without safetensors weights, saying what it has instead.

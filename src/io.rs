@@ -10,24 +10,75 @@
 //! until it changes. Open descriptors stay in an LRU.
 //!
 //! Bytes are read by a chunk I/O [`backend`] (positioned reads, mmap or io_uring, chosen by
-//! cache state and size unless `TENSORFS_IO` names one), any number of threads at once.
+//! cache state and size unless `TENSORFS_IO` names one), any number of threads at once. Every
+//! io_uring read of the crate goes through [`uring`], whose batches never outlive the memory
+//! their reads write.
 
 pub mod backend;
+pub mod uring;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
-use crate::format::{Hasher, ObjectRef, Sha256};
-use crate::layout::{ObjectRead, ObjectSource};
+use crate::format::{ObjectRef, Sha256};
 use crate::store::verified::{Ledger, Stamp};
-use crate::store::{Store, StoreError};
+use crate::store::{hash_file, Store, StoreError};
 use crate::sync::lock;
 pub use backend::{Backend, Blob};
+
+/// Reads byte ranges of objects, verified: the port through which layouts, the mount, views and
+/// exports read bytes. Implemented here over a store ([`BlobReader`]), by the lazy mount over an
+/// endpoint, and by in-memory maps in tests.
+pub trait ObjectSource: Send + Sync {
+    /// Fills `buf` with the bytes of `object` from `offset`.
+    ///
+    /// # Errors
+    /// The object is absent, damaged (`InvalidData`) or shorter than `offset + buf.len()`.
+    fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// Fills every read's buffer, as [`ObjectSource::read_object`] would one by one; a source
+    /// may batch them (one io_uring submission for a whole FUSE request).
+    ///
+    /// # Errors
+    /// As [`ObjectSource::read_object`], for the first read that fails.
+    fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
+        reads
+            .iter_mut()
+            .try_for_each(|r| self.read_object(r.object, r.offset, r.buf))
+    }
+
+    /// A file holding exactly `object`'s bytes, proven as a read would prove them, for the
+    /// kernel to read directly (FUSE passthrough, [`crate::views`]). From then on the kernel
+    /// reads it without this source's per-read checks. `None` (the default) when the source
+    /// has no such file, e.g. a remote object not fetched yet, or cannot prove it now.
+    fn backing_file(&self, object: &ObjectRef) -> Option<std::fs::File> {
+        let _ = object;
+        None
+    }
+
+    /// A hint that `objects` will be read soon, in this order (a reader going through a file
+    /// in order). A source whose objects come from far away may start fetching them; the
+    /// default does nothing. Never fails and never waits.
+    fn prefetch(&self, objects: &[ObjectRef]) {
+        let _ = objects;
+    }
+}
+
+/// One range of an object to read.
+#[derive(Debug)]
+pub struct ObjectRead<'a> {
+    /// The object.
+    pub object: &'a ObjectRef,
+    /// Offset in the object.
+    pub offset: u64,
+    /// Where the bytes go; filled whole.
+    pub buf: &'a mut [u8],
+}
 
 /// Settings of a [`BlobReader`]. The default backend is the one `TENSORFS_IO` names, else
 /// [`Backend::Auto`].
@@ -235,26 +286,6 @@ impl ObjectSource for BlobReader {
             ),
         ))
     }
-}
-
-/// The object reference of a whole file's bytes.
-///
-/// # Errors
-/// Reading fails.
-pub fn hash_file(file: &File) -> io::Result<ObjectRef> {
-    let mut hasher = Hasher::new();
-    let mut buf = vec![0u8; 4 << 20];
-    let mut reader = file;
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher.finish())
 }
 
 fn to_io(e: StoreError) -> io::Error {

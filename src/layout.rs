@@ -29,6 +29,7 @@ pub(crate) use canonical::part_name;
 pub use plan::{SafetensorsPlan, Segment};
 
 use crate::format::{Header, ObjectRef, Tree};
+use crate::io::ObjectSource;
 
 /// The component whose folder is the lane root in a model without a pipeline (a Transformers
 /// folder).
@@ -62,54 +63,6 @@ pub enum LayoutError {
         /// What is wrong.
         why: String,
     },
-}
-
-/// Reads byte ranges of objects, verified. Implemented by the chunk I/O layer over a store, and
-/// by in-memory maps in tests.
-pub trait ObjectSource: Send + Sync {
-    /// Fills `buf` with the bytes of `object` from `offset`.
-    ///
-    /// # Errors
-    /// The object is absent, damaged (`InvalidData`) or shorter than `offset + buf.len()`.
-    fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()>;
-
-    /// Fills every read's buffer, as [`ObjectSource::read_object`] would one by one; a source
-    /// may batch them (one io_uring submission for a whole FUSE request).
-    ///
-    /// # Errors
-    /// As [`ObjectSource::read_object`], for the first read that fails.
-    fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
-        reads
-            .iter_mut()
-            .try_for_each(|r| self.read_object(r.object, r.offset, r.buf))
-    }
-
-    /// A file holding exactly `object`'s bytes, proven as a read would prove them, for the
-    /// kernel to read directly (FUSE passthrough, [`crate::views`]). From then on the kernel
-    /// reads it without this source's per-read checks. `None` (the default) when the source
-    /// has no such file, e.g. a remote object not fetched yet, or cannot prove it now.
-    fn backing_file(&self, object: &ObjectRef) -> Option<std::fs::File> {
-        let _ = object;
-        None
-    }
-
-    /// A hint that `objects` will be read soon, in this order (a reader going through a file
-    /// in order). A source whose objects come from far away may start fetching them; the
-    /// default does nothing. Never fails and never waits.
-    fn prefetch(&self, objects: &[ObjectRef]) {
-        let _ = objects;
-    }
-}
-
-/// One range of an object to read.
-#[derive(Debug)]
-pub struct ObjectRead<'a> {
-    /// The object.
-    pub object: &'a ObjectRef,
-    /// Offset in the object.
-    pub offset: u64,
-    /// Where the bytes go; filled whole.
-    pub buf: &'a mut [u8],
 }
 
 /// Where a file's bytes come from.

@@ -17,7 +17,7 @@
 //!   starts a flight and returns. Each flight streams the object through a bounded buffer
 //!   into the store's writer ([`crate::remote::admit`]), which publishes it only when its
 //!   length and SHA-256 are right, under the collector's fence.
-//! - [`objects`]: [`FetchingSource`], the mount's [`ObjectSource`](crate::layout::ObjectSource).
+//! - [`objects`]: [`FetchingSource`], the mount's [`ObjectSource`](crate::io::ObjectSource).
 //! - [`catalog`]: [`RemoteCatalog`], the mount's [`Catalog`](crate::fs::Catalog).
 //!
 //! Faults: transfers are retried until [`LazyConfig::fetch_deadline`] passes without a byte
@@ -45,8 +45,9 @@ pub use catalog::RemoteCatalog;
 pub use fetcher::{FetchFailed, Fetcher, FetcherStats};
 pub use objects::FetchingSource;
 
-use crate::remote::client::{ClientConfig, FetchError};
-use crate::remote::origin::{self, Access};
+use crate::remote::client::ClientConfig;
+use crate::remote::connect;
+use crate::remote::origin::{Access, FetchError};
 use crate::store::Store;
 
 /// How long a failed fetch answers readers at once before the next read asks again.
@@ -151,7 +152,7 @@ impl LazyMount {
             max_backoff: Duration::from_secs(2).min(config.fetch_deadline),
             ..ClientConfig::default()
         };
-        let endpoint = origin::open(&config.endpoint, config.token.clone(), Access::Read, client)?;
+        let endpoint = connect::open(&config.endpoint, config.token.clone(), Access::Read, client)?;
         let fetcher = Arc::new(Fetcher::new(
             store.clone(),
             endpoint,

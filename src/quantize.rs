@@ -22,9 +22,9 @@ use crate::format::{
 };
 use crate::import::chunks::{Planner, CHUNK_MAX_BYTES};
 use crate::import::{check_name, header_name, publish, stage_bytes, ImportError};
+use crate::io::ObjectSource;
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::recipe::SOURCE_FILES;
-use crate::layout::ObjectSource;
 use crate::store::{Commit, ObjectWriter, Staged, Store, StoreError};
 
 /// What a quantize made.

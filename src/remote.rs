@@ -29,6 +29,7 @@
 
 pub mod admit;
 pub mod client;
+pub mod connect;
 pub mod dir;
 pub mod download;
 pub mod origin;

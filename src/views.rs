@@ -37,7 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::format::Sha256;
-use crate::layout::{Content, ObjectSource};
+use crate::io::ObjectSource;
+use crate::layout::Content;
 use crate::store::Capacity;
 use crate::sync::lock;
 

@@ -22,8 +22,9 @@ use super::{
 use crate::extents::ioctl::{Command, IoctlError, Query};
 use crate::extents::{FileTensors, LocateError};
 use crate::format::Sha256;
+use crate::io::ObjectSource;
 use crate::io::{BlobReader, BlobReaderConfig};
-use crate::layout::{attrs, Content, LaneView, ObjectSource};
+use crate::layout::{attrs, Content, LaneView};
 use crate::revisions;
 use crate::store::Store;
 use crate::sync::{lock, read};

@@ -10,7 +10,8 @@ use super::*;
 use crate::format::Header;
 use crate::format::{ObjectRef, Release, Repo, Sha256};
 use crate::fs::LaneRef;
-use crate::layout::{Content, LaneFile, LaneView, ObjectSource, Owner};
+use crate::io::ObjectSource;
+use crate::layout::{Content, LaneFile, LaneView, Owner};
 use crate::store::StoreError;
 
 /// Objects in memory; a damaged one fails as `BlobReader` fails. Prefetch hints are recorded.

@@ -7,8 +7,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::session::FSTYPE;
-
+/// The filesystem type the kernel lists for our mounts (`fuse.<subtype>`).
+pub const FSTYPE: &str = "fuse.tensorfs";
 /// Whether a TensorFS mount is on `mountpoint` (canonical), per `/proc/self/mountinfo`.
 pub fn is_mounted(mountpoint: &Path) -> bool {
     find_mount(mountpoint).is_some_and(|m| m.fstype == FSTYPE)

@@ -24,7 +24,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::convention::{EncodedModel, Item, PartModel, PartSource};
-use super::model::{ComponentModel, LaneModel, SourceTensor};
+use super::lane::{ComponentModel, LaneModel};
+use super::scan::SourceTensor;
 use super::ImportError;
 use crate::decode;
 use crate::format::gguf::{self, Gguf, GgufError, KvValue, Layout, TensorInfo};

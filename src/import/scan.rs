@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::ImportError;
 use crate::format::names::{has_control, is_segment};
+use crate::format::Dtype;
 
 /// What a source is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,4 +239,17 @@ mod tests {
         );
         assert_eq!(weights("config.json"), None);
     }
+}
+
+/// A tensor's place in a source file.
+#[derive(Clone, Debug)]
+pub(crate) struct SourceTensor {
+    pub key: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Index into its component's weights files (`ComponentModel::weights`).
+    pub file: usize,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
+    pub length: u64,
 }

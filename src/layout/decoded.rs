@@ -13,9 +13,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use lru::LruCache;
 
-use super::ObjectSource;
 use crate::decode::{self, Encoded, Part};
 use crate::format::{Body, Header, ObjectRef, Sha256};
+use crate::io::ObjectSource;
 use crate::sync::lock;
 
 /// A decoded tensor: (header, component, tensor).

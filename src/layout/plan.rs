@@ -5,8 +5,8 @@
 use std::io;
 use std::sync::{Arc, OnceLock};
 
-use super::ObjectSource;
 use crate::format::{Hasher, Header, Location, ObjectRef, Sha256};
+use crate::io::ObjectSource;
 
 /// Where a segment's bytes come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,7 +314,7 @@ impl SafetensorsPlan {
             .segments
             .partition_point(|s| s.file_offset + s.length <= at);
         // Chunk ranges are read together at the end, in one batch.
-        let mut reads: Vec<super::ObjectRead<'_>> = Vec::new();
+        let mut reads: Vec<crate::io::ObjectRead<'_>> = Vec::new();
         while !out.is_empty() {
             let s = self.segments.get(i).ok_or_else(|| {
                 io::Error::new(io::ErrorKind::UnexpectedEof, "read past the last segment")
@@ -328,7 +328,7 @@ impl SafetensorsPlan {
                     here.copy_from_slice(&self.inline[from..from + n]);
                 }
                 Source::Zeros => here.fill(0),
-                Source::Chunk { chunk, offset } => reads.push(super::ObjectRead {
+                Source::Chunk { chunk, offset } => reads.push(crate::io::ObjectRead {
                     object: &self.chunks[chunk as usize],
                     offset: offset + within,
                     buf: here,

@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 
-use super::{Content, LaneView, ObjectSource};
+use super::{Content, LaneView};
 use crate::format::header::HEADER_FORMAT;
 use crate::format::{Body, ClassRef, Component, Dtype, Header, Location, ObjectRef, Tree};
+use crate::io::ObjectSource;
 
 /// Objects in memory.
 struct Memory {

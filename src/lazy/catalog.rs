@@ -31,8 +31,8 @@ use crate::format::{ObjectRef, Release, Repo, Sha256};
 use crate::fs::{
     Capacity, Catalog, CommitError, CommitLane, LaneContents, LaneRef, RepoEntry, StoreCatalog,
 };
-use crate::remote::client::FetchError;
 use crate::remote::is_local;
+use crate::remote::origin::FetchError;
 use crate::remote::origin::Origin;
 use crate::store::{Store, StoreError};
 use crate::sync::{lock, read, write};

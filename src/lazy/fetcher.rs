@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::{LazyError, FAILURE_MEMORY};
 use crate::format::{ObjectRef, Sha256};
 use crate::remote::admit::{admit, AdmitError};
-use crate::remote::client::FetchError;
+use crate::remote::origin::FetchError;
 use crate::remote::origin::Origin;
 use crate::store::Store;
 use crate::sync::lock;

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use super::Fetcher;
 use crate::format::{ObjectRef, Sha256};
 use crate::io::{BlobReader, BlobReaderConfig};
-use crate::layout::{ObjectRead, ObjectSource};
+use crate::io::{ObjectRead, ObjectSource};
 use crate::store::Store;
 use crate::sync::{read, write};
 

@@ -12,8 +12,8 @@
 use std::io::Write;
 use std::time::Instant;
 
-use super::client::{FetchError, Sink};
 use super::origin::Origin;
+use super::origin::{FetchError, Sink};
 use crate::format::ObjectRef;
 use crate::store::{ObjectWriter, Store, StoreError};
 

@@ -12,8 +12,7 @@ use std::io::{self, Read, Write};
 use bytes::Bytes;
 use reqwest::Url;
 
-use super::client::{FetchError, FetchResult, Sink};
-use super::origin::{Access, Head, Origin, Put, Recorded};
+use super::origin::{Access, FetchError, FetchResult, Head, Origin, Put, Recorded, Sink};
 use crate::format::{ObjectRef, Repo, Sha256};
 use crate::store::{Store, StoreError};
 

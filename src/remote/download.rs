@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::admit::{admit, AdmitError};
-use super::client::FetchError;
+use super::origin::FetchError;
 use super::origin::Origin;
 use super::{is_local, Resolved, WireRef};
 use crate::format::{FormatError, Header, ObjectRef, Repo, Sha256, Tree};

@@ -14,18 +14,112 @@
 //!   success), and a commit recorded: by the server's commits route, or, without a server, in
 //!   the repo document at `refs/<org>/<name>.json` (§8).
 //!
-//! [`open`] picks the implementation from the URL's scheme.
+//! The errors of every origin ([`FetchError`]) and where received bytes go ([`Sink`]) are
+//! defined here, beside the trait; [`super::connect::open`] picks the implementation from the
+//! URL's scheme.
 
-use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::Url;
 
-use super::client::{ClientConfig, Endpoint, FetchError, FetchResult, Sink};
-use super::dir::DirOrigin;
-use super::s3::S3Origin;
 use super::{Resolved, MAX_DOCUMENT_BYTES};
 use crate::format::{ObjectRef, Repo, Sha256};
+
+/// Why a request to an endpoint failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The URL is not one this client talks to.
+    #[error("{url}: {why}")]
+    Refused {
+        /// The URL.
+        url: String,
+        /// Why.
+        why: String,
+    },
+    /// The endpoint does not have it (`404`, `410`, or the resolve route's envelope).
+    #[error("{what}: not found at the endpoint{}", message_suffix(.message))]
+    NotFound {
+        /// What was asked.
+        what: String,
+        /// The server's message, if any.
+        message: String,
+    },
+    /// A final answer other than success.
+    #[error("{what}: the endpoint answered {status}{}", message_suffix(.message))]
+    Status {
+        /// What was asked.
+        what: String,
+        /// The HTTP status.
+        status: u16,
+        /// The server's message (its error envelope's, else the start of its body).
+        message: String,
+    },
+    /// Attempts failed until the deadline passed without a byte received.
+    #[error("{what}: gave up after {attempts} attempts and {:.1} s without progress: {last}", .waited.as_secs_f64())]
+    GaveUp {
+        /// What was asked.
+        what: String,
+        /// Attempts made in a row without progress.
+        attempts: u32,
+        /// How long no byte arrived.
+        waited: Duration,
+        /// The last failure.
+        last: String,
+    },
+    /// The bytes broke the protocol (too many, a wrong range, a bad document).
+    #[error("{what}: {why}")]
+    Protocol {
+        /// What was asked.
+        what: String,
+        /// What was wrong.
+        why: String,
+    },
+    /// Writing received bytes failed.
+    #[error("{what}: writing: {source}")]
+    Sink {
+        /// What was being received.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The client of an origin that is not HTTP (an S3 bucket, a store directory) failed.
+    #[error("{what}: {source}")]
+    Backend {
+        /// What was asked.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+pub(crate) fn message_suffix(message: &str) -> String {
+    match message.is_empty() {
+        true => String::new(),
+        false => format!(": {message}"),
+    }
+}
+
+/// Result of the client.
+pub type FetchResult<T> = Result<T, FetchError>;
+
+/// Where received bytes go.
+pub trait Sink {
+    /// Takes the next bytes of the object.
+    ///
+    /// # Errors
+    /// The bytes cannot be kept.
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+impl Sink for Vec<u8> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.extend_from_slice(bytes);
+        Ok(())
+    }
+}
 
 /// What a `HEAD` of a blob found (§3).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,26 +276,6 @@ pub enum Access {
     Write,
 }
 
-/// The origin `url` names: `s3://bucket/prefix` (credentials from the AWS environment
-/// variables), `file:///dir` (a store directory), else an HTTP endpoint with bearer `token`
-/// (`https://`, or `http://` on loopback) and `config` (retries, deadline).
-///
-/// # Errors
-/// The URL is refused, or the origin cannot be opened.
-pub fn open(
-    url: &str,
-    token: Option<String>,
-    access: Access,
-    config: ClientConfig,
-) -> FetchResult<Arc<dyn Origin>> {
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    Ok(match scheme.map(str::to_ascii_lowercase).as_deref() {
-        Some("s3") => Arc::new(S3Origin::new(url)?),
-        Some("file") => Arc::new(DirOrigin::new(url, access)?),
-        _ => Arc::new(Endpoint::new(url, token, config)?),
-    })
-}
-
 /// Refuses `object` as a document (tree, header) when it is over [`MAX_DOCUMENT_BYTES`]
 /// (16 MiB, §7), before a byte of it is fetched.
 ///
@@ -246,69 +320,6 @@ pub(crate) fn parse_repo_document(name: &str, bytes: &[u8], what: &str) -> Fetch
         return Err(protocol(format!("the document names repo {:?}", repo.name)));
     }
     Ok(repo)
-}
-
-#[async_trait::async_trait]
-impl Origin for Endpoint {
-    fn url(&self) -> &Url {
-        Endpoint::url(self)
-    }
-
-    fn retry_deadline(&self) -> std::time::Duration {
-        self.config().deadline
-    }
-
-    fn retry_wait(&self, copies: u32) -> std::time::Duration {
-        self.wait(copies, None)
-    }
-
-    async fn resolve(
-        &self,
-        name: &str,
-        release: Option<&str>,
-        lane: Option<&str>,
-    ) -> FetchResult<Option<Resolved>> {
-        Endpoint::resolve(self, name, release, lane).await
-    }
-
-    async fn repo_document(&self, name: &str) -> FetchResult<Option<Repo>> {
-        Endpoint::repo_document(self, name).await
-    }
-
-    async fn head(&self, sha256: &Sha256) -> FetchResult<Head> {
-        Endpoint::head(self, sha256).await
-    }
-
-    async fn length_of(&self, sha256: &Sha256) -> FetchResult<Option<u64>> {
-        Endpoint::length_of(self, sha256).await
-    }
-
-    async fn models(&self) -> FetchResult<Option<Vec<String>>> {
-        Endpoint::models(self).await
-    }
-
-    // A server may hand out a wrong copy on the way (a proxy, a fault): asked for again until
-    // the endpoint's deadline.
-    async fn document(&self, object: &ObjectRef) -> FetchResult<Vec<u8>> {
-        Endpoint::document(self, object).await
-    }
-
-    async fn fetch(
-        &self,
-        object: &ObjectRef,
-        sink: &mut (dyn Sink + Send),
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> FetchResult<()> {
-        Endpoint::fetch(self, object, sink, progress).await
-    }
-
-    async fn put(&self, object: &ObjectRef, bytes: Bytes, put_to: Option<Url>) -> FetchResult<Put> {
-        Endpoint::put(self, object, bytes, put_to).await
-    }
-
-    async fn record(&self, name: &str, commit: &ObjectRef) -> FetchResult<Recorded> {
-        Endpoint::record(self, name, commit).await
-    }
 }
 
 #[cfg(test)]

@@ -26,8 +26,11 @@ use object_store::{
 };
 use reqwest::Url;
 
-use super::client::{is_loopback, FetchError, FetchResult, Sink};
-use super::origin::{parse_repo_document, repo_document_key, Head, Origin, Put, Recorded};
+use super::client::is_loopback;
+use super::origin::{
+    parse_repo_document, repo_document_key, FetchError, FetchResult, Head, Origin, Put, Recorded,
+    Sink,
+};
 use super::{blob_key, MAX_DOCUMENT_BYTES};
 use crate::format::{ObjectRef, Repo, Sha256};
 

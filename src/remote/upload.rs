@@ -23,10 +23,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::client::FetchError;
 use super::download::Progress;
 use super::is_local;
-use super::origin::{Head, Origin, Put, Recorded};
+use super::origin::{FetchError, Head, Origin, Put, Recorded};
 use crate::format::names::split_repo_name;
 use crate::format::ObjectRef;
 use crate::revisions::{self, Revision};

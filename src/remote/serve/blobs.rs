@@ -26,7 +26,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use super::{empty, full, ApiError, Body, Caller, Server};
 use crate::format::{ObjectRef, Sha256};
 use crate::io::BlobReader;
-use crate::layout::ObjectSource;
+use crate::io::ObjectSource;
 use crate::remote::range::{parse_range, RangeAnswer};
 use crate::store::StoreError;
 
