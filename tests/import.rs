@@ -370,6 +370,66 @@ fn an_index_naming_a_tensor_its_shard_lacks_is_refused() {
     );
 }
 
+/// A shard may hold tensors its index does not list (Transformers loads every key of every
+/// indexed shard, so they reach the model): imported byte-exact, with a warning naming the shard
+/// and the tensors.
+#[test]
+fn a_shard_holding_tensors_its_index_does_not_list_imports_with_a_warning() {
+    let index = br#"{"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#;
+    let first = safetensors_file(
+        &[
+            T("a", safetensors::Dtype::U8, vec![4], bytes(4, 1)),
+            T("extra", safetensors::Dtype::U8, vec![4], bytes(4, 3)),
+        ],
+        None,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let files = [
+        (
+            "config.json",
+            b"{\"architectures\": [\"BertModel\"]}".to_vec(),
+        ),
+        ("model.safetensors.index.json", index.to_vec()),
+        ("model-00001-of-00002.safetensors", first),
+        ("model-00002-of-00002.safetensors", shard("b", 2)),
+    ];
+    write_tree(&src, &files);
+    let store = dir.path().join("store");
+    let out = run(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/extra"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    let warning = said
+        .lines()
+        .find(|l| l.contains("warning") && l.contains("model-00001-of-00002.safetensors"))
+        .unwrap_or_else(|| panic!("no warning names the shard: {said}"));
+    assert!(warning.contains("\"extra\""), "{warning}");
+    assert!(
+        warning.contains("model.safetensors.index.json"),
+        "{warning}"
+    );
+    let out_dir = dir.path().join("out");
+    ok(
+        &store,
+        &["export", "local/extra", out_dir.to_str().unwrap()],
+    );
+    for (name, bytes) in &files {
+        assert_eq!(
+            &fs::read(out_dir.join(name)).unwrap(),
+            bytes,
+            "{name} byte-exact"
+        );
+    }
+}
+
 #[test]
 fn an_index_naming_a_shard_outside_the_folder_is_refused() {
     let index = br#"{"metadata":{},"weight_map":{"a":"../../etc/passwd"}}"#;

@@ -21,7 +21,7 @@
 //! real bytes of each part up to [`CHECKED_PART_BYTES`], so an import never stores an encoded
 //! tensor that its decode would refuse for its shape or small parts.
 
-use super::model::SourceTensor;
+use super::scan::SourceTensor;
 use crate::decode;
 use crate::format::json::{self, Json};
 use crate::format::{Config, Dtype, Value};
@@ -644,7 +644,7 @@ fn build(
                 other => return Err(format!("dtype {} is not a name", JsonShow(other))),
             }
         }
-        None => logical_dtype(cx, arrays)?,
+        None => logical_dtype(cx, arrays),
     };
 
     // Scheme and params: the first rule whose `when` holds.
@@ -909,12 +909,16 @@ fn torch_dtype(name: &str) -> Option<Dtype> {
 }
 
 /// The dtype quantized weights stand for: the config's `torch_dtype` (or `dtype`), else the
-/// dtype most of the component's float arrays other than companions have.
-fn logical_dtype(cx: &Context<'_>, arrays: &[SourceTensor]) -> Result<Dtype, String> {
+/// dtype most of the component's float arrays other than companions have. Where neither tells
+/// (no config dtype, and no float arrays or as many of one dtype as of another), F32: every
+/// decoder computes in F32 and rounds once to the logical dtype (`decode`), so F32 holds each
+/// decoded value exactly, where BF16 or F16 would be a guess that may round. A quantized
+/// checkpoint saved alone (fp8 weights with F32 scales, nothing else) is therefore legal.
+fn logical_dtype(cx: &Context<'_>, arrays: &[SourceTensor]) -> Dtype {
     for key in ["torch_dtype", "dtype"] {
         if let Some(Value::Text(t)) = cx.config.get(key) {
             if let Some(d) = torch_dtype(t) {
-                return Ok(d);
+                return d;
             }
         }
     }
@@ -934,18 +938,9 @@ fn logical_dtype(cx: &Context<'_>, arrays: &[SourceTensor]) -> Result<Dtype, Str
     let mut ranked: Vec<(usize, &str)> = counts.into_iter().map(|(d, n)| (n, d)).collect();
     ranked.sort_by(|a, b| b.cmp(a));
     match ranked.as_slice() {
-        [(_, d)] => Ok(Dtype::parse(d).expect("a known name")),
-        [(a, d), (b, _), ..] if a > b => Ok(Dtype::parse(d).expect("a known name")),
-        [] => Err(format!(
-            "component {:?}: no config dtype (torch_dtype) and no float arrays tell the dtype \
-             its quantized weights stand for",
-            cx.component
-        )),
-        _ => Err(format!(
-            "component {:?}: no config dtype (torch_dtype), and its float arrays are as often \
-             {} as {}, so the dtype its quantized weights stand for is unclear",
-            cx.component, ranked[0].1, ranked[1].1
-        )),
+        [(_, d)] => Dtype::parse(d).expect("a known name"),
+        [(a, d), (b, _), ..] if a > b => Dtype::parse(d).expect("a known name"),
+        _ => Dtype::F32,
     }
 }
 

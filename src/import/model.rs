@@ -12,12 +12,13 @@ use std::path::{Path, PathBuf};
 
 use super::chunks::SourceStamp;
 use super::convention::{self, Item};
-use super::scan::{self, Kind, Source, Weights};
+use super::lane::{ComponentModel, LaneModel};
+use super::scan::{self, Kind, Source, SourceTensor, Weights};
 use super::ImportError;
 use crate::format::json::{self, Json};
 use crate::format::names::{has_control, is_label, is_segment};
 use crate::format::safetensors::{self as st, SafetensorsHeader};
-use crate::format::{ClassRef, Config, Dtype, Pipeline, Value};
+use crate::format::{ClassRef, Config, Pipeline, Value};
 use crate::layout::recipe::{ArraySource, SourceFile, SourceFiles};
 use crate::layout::{PIPELINE_FILE, ROOT_COMPONENT};
 
@@ -29,56 +30,6 @@ const CONFIGS: [&str; 5] = [
     "processor_config.json",
     "tokenizer_config.json",
 ];
-
-/// One lane to import.
-#[derive(Debug)]
-pub(crate) struct LaneModel {
-    /// The lane label.
-    pub lane: String,
-    pub pipeline: Option<Pipeline>,
-    pub components: Vec<ComponentModel>,
-    /// Repo files by path in the lane folder.
-    pub repo_files: BTreeMap<String, PathBuf>,
-    pub recipe: SourceFiles,
-    /// Each component's first weights file's `__metadata__`.
-    pub file_metadata: BTreeMap<String, Vec<(String, String)>>,
-    /// Files left out, with why (shown to the user).
-    pub skipped: Vec<(String, &'static str)>,
-    /// What a loader may trip on (shown to the user; the import goes on).
-    pub warnings: Vec<String>,
-}
-
-#[derive(Debug)]
-pub(crate) struct ComponentModel {
-    pub name: String,
-    pub class: ClassRef,
-    pub config: Config,
-    pub config_file: Option<String>,
-    pub assets: BTreeMap<String, PathBuf>,
-    /// Tensors in construction order: weights files by name, each in data order.
-    pub tensors: Vec<SourceTensor>,
-    /// The weights files the tensors come from (identifies the component's bytes).
-    pub weights: Vec<PathBuf>,
-    /// Each weights file's length and mtime when its header was read.
-    pub stamps: Vec<SourceStamp>,
-    /// Each weights file's path in the lane folder (its recipe entry).
-    pub lane_paths: Vec<String>,
-    /// What the arrays become (plain tensors, encoded tensors, markers), in array order.
-    pub items: Vec<Item>,
-}
-
-/// A tensor's place in a source file.
-#[derive(Clone, Debug)]
-pub(crate) struct SourceTensor {
-    pub key: String,
-    pub dtype: Dtype,
-    pub shape: Vec<u64>,
-    /// Index into [`ComponentModel::weights`].
-    pub file: usize,
-    /// Absolute byte offset in the file.
-    pub offset: u64,
-    pub length: u64,
-}
 
 /// A component folder's files, sorted out.
 #[derive(Default)]
@@ -339,23 +290,6 @@ fn keep(model: &mut LaneModel, rel: &str, path: &Path) {
     }
 }
 
-impl ComponentModel {
-    fn empty(name: &str, class: ClassRef) -> ComponentModel {
-        ComponentModel {
-            name: name.to_owned(),
-            class,
-            config: Config::new(),
-            config_file: None,
-            assets: BTreeMap::new(),
-            tensors: Vec::new(),
-            weights: Vec::new(),
-            stamps: Vec::new(),
-            lane_paths: Vec::new(),
-            items: Vec::new(),
-        }
-    }
-}
-
 /// Run data: a file a component loads or runs with (tokenizers and vocabularies, generation
 /// and preprocessor configs, chat templates). Docs, code and images are repo files.
 fn run_data(path: &str) -> bool {
@@ -402,7 +336,8 @@ fn component(
     // Weights of other variants belong to other lanes; an index of this variant names its shards.
     if let Some((index_rel, index_path)) = &index {
         let text = read_text(index_path)?;
-        let shards = check_index(index_path, &text, &weights)?;
+        let (shards, unlisted) = check_index(index_path, &text, &weights)?;
+        model.warnings.extend(unlisted);
         let (named, others): (Vec<_>, Vec<_>) = weights
             .into_iter()
             .partition(|(rel, _)| shards.contains(rel));
@@ -599,7 +534,7 @@ fn check_index(
     path: &Path,
     text: &str,
     shards: &[(String, PathBuf)],
-) -> Result<BTreeSet<String>, ImportError> {
+) -> Result<(BTreeSet<String>, Vec<String>), ImportError> {
     let bad = |why: String| ImportError::source(path, why);
     let doc = json::parse(text.as_bytes()).map_err(|e| bad(e.to_string()))?;
     let Json::Object(fields) = doc else {
@@ -609,6 +544,7 @@ fn check_index(
         return Err(bad("has no weight_map object".into()));
     };
     let mut by_shard: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    let mut warnings = Vec::new();
     for (tensor, shard) in map {
         let Json::Text(shard) = shard else {
             return Err(bad(format!("weight_map[{tensor:?}] is not a file name")));
@@ -631,8 +567,34 @@ fn check_index(
                 "maps tensor {missing:?} to {shard}, which lacks it"
             )));
         }
+        // Legal, and loaded: Transformers and Diffusers read every key of every shard the index
+        // names, so such tensors reach the model and are kept, byte-exact, with a warning.
+        let listed: BTreeSet<&str> = tensors.iter().copied().collect();
+        let extra: Vec<&str> = held.difference(&listed).copied().collect();
+        if !extra.is_empty() {
+            let shown: Vec<String> = extra.iter().take(5).map(|t| format!("{t:?}")).collect();
+            let more = match extra.len() {
+                n if n > 5 => format!(" and {} more", n - 5),
+                _ => String::new(),
+            };
+            warnings.push(format!(
+                "{}: shard {shard} holds {} that {} does not list ({}{more}); imported as they \
+                 are (loaders read every key of every shard the index names)",
+                shard_path.display(),
+                if extra.len() == 1 {
+                    "a tensor".to_owned()
+                } else {
+                    format!("{} tensors", extra.len())
+                },
+                path.file_name().map_or_else(
+                    || path.display().to_string(),
+                    |n| n.to_string_lossy().into_owned()
+                ),
+                shown.join(", ")
+            ));
+        }
     }
-    Ok(by_shard.into_keys().collect())
+    Ok((by_shard.into_keys().collect(), warnings))
 }
 
 fn read_text(path: &Path) -> Result<String, ImportError> {

@@ -136,6 +136,32 @@ fn a_scaled_fp8_marker_makes_tensorwise_fp8_with_its_input_scale() {
     assert_eq!(roles, ["weight", "scale", "input_scale"]);
 }
 
+/// A scaled-fp8 file that declares no dtype anywhere (no config dtype, no plain float
+/// tensor): F32, which holds every decoded value exactly, instead of a refusal.
+#[test]
+fn quantized_weights_that_nothing_dtypes_decode_to_f32() {
+    let lone = [
+        ("scaled_fp8", "F8_E4M3", &[0u64][..], vec![]),
+        ("a.weight", "F8_E4M3", &[4, 32][..], vec![0x38; 128]),
+        ("a.scale_weight", "F32", &[][..], f32s(&[0.5])),
+    ];
+    let items = run(&lone, "{}", None).unwrap();
+    let e = encoded(&items);
+    assert_eq!((e.len(), &e[0].dtype), (1, &Dtype::F32));
+    // As many BF16 as F16 tensors tell nothing either.
+    let mut tied = lone.to_vec();
+    tied.push(("b.bias", "BF16", &[4][..], vec![0; 8]));
+    tied.push(("c.bias", "F16", &[4][..], vec![0; 8]));
+    let items = run(&tied, "{}", None).unwrap();
+    assert_eq!(encoded(&items)[0].dtype, Dtype::F32);
+    // A config dtype, or a majority of float tensors, still decides.
+    let items = run(&lone, r#"{"torch_dtype": "bfloat16"}"#, None).unwrap();
+    assert_eq!(encoded(&items)[0].dtype, Dtype::BF16);
+    tied.push(("d.bias", "F16", &[4][..], vec![0; 8]));
+    let items = run(&tied, "{}", None).unwrap();
+    assert_eq!(encoded(&items)[0].dtype, Dtype::F16);
+}
+
 /// NVFP4 arrays as ModelOpt names them, `[128, 32]` logical.
 fn nvfp4_arrays(with_scale: bool) -> Vec<(&'static str, &'static str, &'static [u64], Vec<u8>)> {
     let mut spec = vec![("x.weight", "U8", &[128u64, 16][..], vec![0x21; 128 * 16])];
