@@ -12,7 +12,7 @@ mod target;
 mod upload;
 mod verify;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -87,6 +87,40 @@ impl Cli {
     /// The directory is not a store.
     pub fn open_store(&self) -> anyhow::Result<Store> {
         Ok(Store::open(self.store_root()?)?)
+    }
+
+    /// Runs `verb` on the store, created when absent; when the store was created for it and
+    /// `verb` fails, the new store is removed again, with any folders made for it, so a failed
+    /// command leaves no store behind (nothing was there before).
+    ///
+    /// # Errors
+    /// The store cannot be opened, or `verb`'s error.
+    pub fn with_new_store<T>(
+        &self,
+        verb: impl FnOnce(&Store) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let root = self.store_root()?;
+        // The highest folder this call creates: removed on failure, if still unused.
+        let created = root
+            .ancestors()
+            .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            .last()
+            .map(Path::to_path_buf);
+        let store = Store::open(&root)?;
+        let result = verb(&store);
+        if let (Err(_), Some(top)) = (&result, created) {
+            // Best effort: the command's own error is what the user needs to see.
+            if store.remove_if_unused().unwrap_or(false) {
+                let mut dir = root.parent();
+                while let Some(d) = dir.filter(|d| d.starts_with(&top)) {
+                    if std::fs::remove_dir(d).is_err() {
+                        break;
+                    }
+                    dir = d.parent();
+                }
+            }
+        }
+        result
     }
 
     /// Opens an existing store (for verbs that only read, so a mistyped path is an error, not an

@@ -176,7 +176,9 @@ error_reply!(
 );
 
 /// Answers `reply` with `err`'s errno. Failures worth an operator's attention (EIO) were logged
-/// once by the `fs` layer; the rest (ENOENT from probing lookups, ENOTTY, ERANGE) are routine.
+/// once by the `fs` layer, inside the request's span (warn level, so on in the default log:
+/// the line carries the operation, the request id and the inode); the rest (ENOENT from
+/// probing lookups, ENOTTY, ERANGE) are routine.
 fn fail(reply: impl ErrorReply, op: &'static str, err: FsError) {
     tracing::debug!(op, errno = err.errno(), "{err}");
     reply.error(Errno::from_i32(err.errno()));
@@ -270,8 +272,9 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _span = tracing::debug_span!("lookup", parent = parent.0, ?name).entered();
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _span =
+            tracing::warn_span!("lookup", req = req.unique().0, parent = parent.0, ?name).entered();
         let Some(name) = utf8(name) else {
             return fail(
                 reply,
@@ -288,16 +291,16 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _span = tracing::debug_span!("getattr", ino = ino.0).entered();
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _span = tracing::warn_span!("getattr", req = req.unique().0, ino = ino.0).entered();
         match self.fs.getattr(ino.0) {
             Ok(entry) => reply.attr(&entry.ttl, &file_attr(&entry.attr)),
             Err(err) => fail(reply, "getattr", err),
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _span = tracing::debug_span!("open", ino = ino.0).entered();
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _span = tracing::warn_span!("open", req = req.unique().0, ino = ino.0).entered();
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         match self.fs.open(ino.0, write) {
             Ok(opened) => {
@@ -322,7 +325,7 @@ impl Filesystem for FuseAdapter {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -331,7 +334,8 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
+        let _span =
+            tracing::warn_span!("read", req = req.unique().0, ino = ino.0, offset, size).entered();
         READ_BUF.with_borrow_mut(|buf| {
             let size = size as usize;
             if buf.len() < size {
@@ -361,8 +365,8 @@ impl Filesystem for FuseAdapter {
         reply.ok();
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _span = tracing::debug_span!("opendir", ino = ino.0).entered();
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _span = tracing::warn_span!("opendir", req = req.unique().0, ino = ino.0).entered();
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(err) => fail(reply, "opendir", err),
@@ -371,13 +375,14 @@ impl Filesystem for FuseAdapter {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _span = tracing::debug_span!("readdir", ino = ino.0, offset).entered();
+        let _span =
+            tracing::warn_span!("readdir", req = req.unique().0, ino = ino.0, offset).entered();
         let result = self.fs.readdir(ino.0, fh.0, offset, |e| {
             reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), &e.name)
         });
@@ -413,8 +418,9 @@ impl Filesystem for FuseAdapter {
         );
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _span = tracing::debug_span!("getxattr", ino = ino.0, ?name).entered();
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _span =
+            tracing::warn_span!("getxattr", req = req.unique().0, ino = ino.0, ?name).entered();
         let Some(name) = utf8(name) else {
             return fail(
                 reply,
@@ -429,7 +435,8 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _span = tracing::warn_span!("listxattr", req = req.unique().0, ino = ino.0).entered();
         match self.fs.listxattr(ino.0, size) {
             Ok(XattrReply::Size(n)) => reply.size(n),
             Ok(XattrReply::Data(bytes)) => reply.data(&bytes),
@@ -439,8 +446,8 @@ impl Filesystem for FuseAdapter {
 
     fn ioctl(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
@@ -448,6 +455,7 @@ impl Filesystem for FuseAdapter {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _span = tracing::warn_span!("ioctl", req = req.unique().0, ino = ino.0, cmd).entered();
         match self.fs.ioctl(fh.0, cmd, in_data, out_size) {
             Ok(out) => reply.ioctl(0, &out),
             Err(err) => fail(reply, "ioctl", err),

@@ -27,7 +27,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use objects::{ObjectWriter, Staged};
+pub use objects::{hash_file, ObjectWriter, Staged};
 pub use refs::ref_key;
 
 use crate::format::{FormatError, Header, ObjectRef, Tree};
@@ -177,6 +177,43 @@ impl Store {
         check_format(&record, &bytes)?;
         let root = fs::canonicalize(&root).map_err(io_err("resolve", &root))?;
         Ok(Store { root })
+    }
+
+    /// Removes the store when it holds nothing but its empty layout and format record (what
+    /// [`Store::open`] made of an absent or empty folder): a command that created the store and
+    /// then failed leaves no store behind. A store holding any other file (a blob, a ref, an
+    /// object another process is staging, the ledger) is kept. Returns whether it was removed.
+    ///
+    /// # Errors
+    /// The store cannot be listed or removed.
+    pub fn remove_if_unused(self) -> StoreResult<bool> {
+        // This process's own writer lock (taken to write the format record) is no content.
+        let own_lock = objects::own_lock_name();
+        fn holds_files(dir: &Path, own_lock: &str) -> StoreResult<bool> {
+            for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+                let entry = entry.map_err(io_err("list", dir))?;
+                let kind = entry.file_type().map_err(io_err("stat", &entry.path()))?;
+                if kind.is_file() && entry.file_name() == own_lock {
+                    continue;
+                }
+                if !kind.is_dir() || holds_files(&entry.path(), own_lock)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        for entry in fs::read_dir(&self.root).map_err(io_err("list", &self.root))? {
+            let entry = entry.map_err(io_err("list", &self.root))?;
+            let name = entry.file_name();
+            let layout = LAYOUT.contains(&&*name.to_string_lossy());
+            let kind = entry.file_type().map_err(io_err("stat", &entry.path()))?;
+            let empty_layout = layout && kind.is_dir() && !holds_files(&entry.path(), &own_lock)?;
+            if !(empty_layout || name == "format") {
+                return Ok(false);
+            }
+        }
+        fs::remove_dir_all(&self.root).map_err(io_err("remove", &self.root))?;
+        Ok(true)
     }
 
     /// The store's root directory.
@@ -377,6 +414,29 @@ mod tests {
         );
         Store::open(&root).unwrap();
         Store::open_existing(&root).unwrap();
+    }
+
+    /// The format record of a new store is written under this process's writer lock, so a
+    /// process killed while writing it leaves a temp file the next writer reaps (it was left
+    /// behind for good before).
+    #[test]
+    fn records_are_written_under_the_writer_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("s");
+        let store = Store::open(&root).unwrap();
+        assert!(root.join("tmp").join(objects::own_lock_name()).is_file());
+        // Only its own lock and empty folders: an unused store, removed whole.
+        assert!(store.clone().remove_if_unused().unwrap());
+        assert!(!root.exists());
+        // Made again at the same path, it is locked again.
+        let store = Store::open(&root).unwrap();
+        assert!(root.join("tmp").join(objects::own_lock_name()).is_file());
+        store.put_bytes(b"held").unwrap();
+        assert!(
+            !store.remove_if_unused().unwrap(),
+            "a store with a blob is kept"
+        );
+        assert!(root.join("format").is_file());
     }
 
     #[test]

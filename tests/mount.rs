@@ -214,7 +214,14 @@ fn a_damaged_blob_is_eio_with_a_log_line_while_other_files_still_read() {
         .lines()
         .find(|l| l.contains("ERROR") && l.contains(&c.id.id()) && l.contains("model.safetensors"))
         .unwrap_or_else(|| panic!("no error line names the commit and file:\n{logs}"));
-    assert!(line.contains("tensorfs verify --repair"), "{line}");
+    assert_eq!(
+        line.matches("verify --repair").count(),
+        1,
+        "the repair is advised once: {line}"
+    );
+    // The request's span: the operation, the kernel's request id and the inode; the errno.
+    assert!(line.contains("read{req="), "{line}");
+    assert!(line.contains("errno=5"), "{line}");
     assert!(
         line.contains(&blob.display().to_string()),
         "the line names the blob: {line}"

@@ -12,8 +12,9 @@ use super::import::human;
 use super::{parse_duration, Cli};
 use crate::format::names::split_repo_name;
 use crate::remote::client::ClientConfig;
+use crate::remote::connect;
 use crate::remote::download::{download, DownloadConfig, Progress, Revision};
-use crate::remote::origin::{self, Access};
+use crate::remote::origin::Access;
 
 /// Arguments of `download`.
 #[derive(Debug, clap::Args)]
@@ -26,7 +27,12 @@ pub struct Args {
     pub lane: Option<String>,
     /// The endpoint: https://…, http:// on loopback, s3://bucket/prefix (AWS_* variables), or
     /// file:///dir (a store directory).
-    #[arg(long, env = "TENSORFS_ENDPOINT", value_name = "URL")]
+    #[arg(
+        long,
+        env = "TENSORFS_ENDPOINT",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     pub endpoint: String,
     /// A bearer token, sent to the endpoint's origin only.
     #[arg(
@@ -113,44 +119,45 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         deadline: args.fetch_deadline,
         ..ClientConfig::default()
     };
-    let endpoint = origin::open(&args.endpoint, args.token.clone(), Access::Read, config)?;
-    let store = cli.open_store()?;
-    let progress = Arc::new(Bar::new("downloading"));
-    let config = DownloadConfig {
-        jobs: args.jobs.max(1),
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let report = runtime.block_on(download(
-        &store,
-        endpoint,
-        &name,
-        &revision,
-        args.lane.as_deref(),
-        &config,
-        progress.clone(),
-    ));
-    progress.finish();
-    let report = report?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        let release = match report.release.as_str() {
-            "" => String::new(),
-            release => format!("@{release}"),
+    let endpoint = connect::open(&args.endpoint, args.token.clone(), Access::Read, config)?;
+    cli.with_new_store(|store| {
+        let progress = Arc::new(Bar::new("downloading"));
+        let config = DownloadConfig {
+            jobs: args.jobs.max(1),
         };
-        println!(
-            "downloaded {}{release} lane {} ({}): {} of {} objects fetched ({})",
-            report.name,
-            report.lane,
-            report.commit,
-            report.fetched,
-            report.objects,
-            human(report.fetched_bytes)
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let report = runtime.block_on(download(
+            store,
+            endpoint,
+            &name,
+            &revision,
+            args.lane.as_deref(),
+            &config,
+            progress.clone(),
+        ));
+        progress.finish();
+        let report = report?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            let release = match report.release.as_str() {
+                "" => String::new(),
+                release => format!("@{release}"),
+            };
+            println!(
+                "downloaded {}{release} lane {} ({}): {} of {} objects fetched ({})",
+                report.name,
+                report.lane,
+                report.commit,
+                report.fetched,
+                report.objects,
+                human(report.fetched_bytes)
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 #[cfg(test)]

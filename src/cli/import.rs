@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::verify::count;
 use super::Cli;
 use crate::import::{import, ImportConfig, Progress};
+use crate::store::Store;
 
 /// Arguments of `import`.
 #[derive(Debug, clap::Args)]
@@ -50,12 +52,15 @@ impl Progress for Bar {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let store = cli.open_store()?;
+    cli.with_new_store(|store| run_in(store, args))
+}
+
+fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} importing {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} {eta}",
+                "{spinner} writing chunks {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} {eta}",
             )
             .expect("a valid template"),
         );
@@ -67,7 +72,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     config.converter = args.converter.clone();
     let progress = Bar(bar);
-    let report = import(&store, &args.sources, &args.name, &config, &progress);
+    let report = import(store, &args.sources, &args.name, &config, &progress);
     if let Some(bar) = &progress.0 {
         bar.finish_and_clear();
     }
@@ -77,14 +82,26 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         for lane in &report.lanes {
             println!(
-                "imported {}@{} lane {}: {} tensors, {} files ({})",
+                "imported {}@{} lane {}: {} ({} of tensor data), {}",
                 report.name,
                 lane.commit,
                 lane.lane,
-                lane.tensors,
-                lane.files,
-                human(lane.tensor_bytes)
+                count(lane.tensors, "tensor"),
+                human(lane.tensor_bytes),
+                count(lane.files, "file"),
             );
+        }
+        match report.new_objects {
+            0 => println!(
+                "nothing new stored: every object ({} of chunks) was in the store already",
+                human(report.chunk_bytes)
+            ),
+            n => println!(
+                "stored {} ({}, chunks and documents); the lanes' chunks total {}",
+                count(n, "new object"),
+                human(report.new_bytes),
+                human(report.chunk_bytes)
+            ),
         }
         for (path, why) in &report.skipped {
             eprintln!("tensorfs: skipped {path}: {why}");

@@ -34,7 +34,25 @@ pub struct Args {
     pub json: bool,
 }
 
+/// What `ls` says where nothing is imported yet.
+fn nothing_imported(root: &std::path::Path) -> String {
+    format!(
+        "nothing imported yet into {}: start with `tensorfs import SRC --name local/NAME`",
+        root.display()
+    )
+}
+
 pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
+    let root = cli.store_root()?;
+    if !root.exists() {
+        // No store yet is an empty listing, not a mistake (a mistyped path is one only for
+        // verbs that name something in it).
+        if args.json {
+            println!("[]");
+        }
+        eprintln!("tensorfs: {}", nothing_imported(&root));
+        return Ok(ExitCode::SUCCESS);
+    }
     let store = cli.existing_store()?;
     let mut rows = Vec::new();
     for repo in store.repos()? {
@@ -50,6 +68,9 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
                 rows.push(json!({"repo": repo.name, "revision": revision, "lane": lane, "commit": commit.id()}));
             }
         }
+    }
+    if rows.is_empty() && !args.json {
+        eprintln!("tensorfs: {}", nothing_imported(store.root()));
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

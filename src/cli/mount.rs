@@ -30,7 +30,12 @@ pub struct Args {
     pub log_file: Option<PathBuf>,
     /// Also show the models of this endpoint (https://…, http:// on loopback, s3://bucket/prefix
     /// or file:///dir); their bytes are fetched into the store when first read.
-    #[arg(long, env = "TENSORFS_ENDPOINT", value_name = "URL")]
+    #[arg(
+        long,
+        env = "TENSORFS_ENDPOINT",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     pub endpoint: Option<String>,
     /// A bearer token for the endpoint, sent to its origin only.
     #[arg(
@@ -172,6 +177,8 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 
 pub fn unmount(args: &UnmountArgs) -> anyhow::Result<ExitCode> {
     session::unmount(&args.mountpoint, args.lazy)?;
+    let how = if args.lazy { "detached" } else { "unmounted" };
+    println!("{how} {}", args.mountpoint.display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -8,8 +8,8 @@ use super::download::Bar;
 use super::import::human;
 use super::Cli;
 use crate::remote::client::ClientConfig;
-use crate::remote::client::FetchError;
-use crate::remote::origin::{self, Access};
+use crate::remote::connect;
+use crate::remote::origin::{Access, FetchError};
 use crate::remote::upload::{upload, UploadConfig, UploadError};
 
 /// Arguments of `upload`.
@@ -26,7 +26,12 @@ pub struct Args {
     pub lane: Option<String>,
     /// The endpoint: https://… (http:// on loopback) served by `tensorfs serve --write`,
     /// s3://bucket/prefix (AWS_* variables), or file:///dir (a store directory).
-    #[arg(long, env = "TENSORFS_ENDPOINT", value_name = "URL")]
+    #[arg(
+        long,
+        env = "TENSORFS_ENDPOINT",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     pub endpoint: String,
     /// A bearer token, sent to the endpoint's origin only.
     #[arg(
@@ -45,7 +50,7 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let endpoint = origin::open(
+    let endpoint = connect::open(
         &args.endpoint,
         args.token.clone(),
         Access::Write,

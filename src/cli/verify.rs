@@ -2,10 +2,11 @@
 //!
 //! Without REF every blob in the store is hashed against its name, and every repo's commits
 //! are checked for completeness (their trees, headers, chunks, assets and repo files present).
-//! With REF, the closure of its commits. `--repair` removes damaged blobs (they cannot be
-//! served anyway) and names the commits that need importing or downloading again.
+//! With REF, the closure of its commits. Each damaged blob is named with the models that use
+//! it; `--repair` removes it through the store (it cannot be served anyway), and those models
+//! are the ones to import or download again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -16,8 +17,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::target::resolve;
 use super::Cli;
-use crate::format::{ObjectRef, Sha256};
-use crate::io::hash_file;
+use crate::format::ObjectRef;
+use crate::store::hash_file;
 use crate::store::Store;
 use crate::sync::lock;
 
@@ -54,7 +55,8 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let mut wanted: BTreeSet<ObjectRef> = BTreeSet::new();
+    // Which models use each object, so a damage names them and not only its blob.
+    let mut users: BTreeMap<ObjectRef, BTreeSet<String>> = BTreeMap::new();
     let mut incomplete: Vec<String> = Vec::new();
     for (owner, id) in &commits {
         match closure(&store, id) {
@@ -63,55 +65,76 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
                     objects.iter().filter(|o| !store.contains(o)).collect();
                 if !missing.is_empty() {
                     incomplete.push(format!(
-                        "{owner} commit {} lacks {} objects (first: {})",
+                        "{owner} commit {} lacks {} (first: {})",
                         id.id(),
-                        missing.len(),
+                        count(missing.len(), "object"),
                         missing[0]
                     ));
                 }
-                wanted.extend(objects);
+                for o in objects {
+                    users.entry(o).or_default().insert(owner.clone());
+                }
             }
             Err(e) => incomplete.push(format!("{owner} commit {}: {e:#}", id.id())),
         }
     }
     // What to hash: the closure of REF, or every blob.
     let blobs: Vec<ObjectRef> = match &args.reference {
-        Some(_) => wanted
-            .iter()
+        Some(_) => users
+            .keys()
             .filter(|o| store.contains(o))
             .copied()
             .collect(),
-        None => all_blobs(&store)?,
+        None => store.blobs()?,
     };
     let bad = hash_all(&store, &blobs);
     for object in &bad {
         let path = store.object_path(object);
-        problems.push(format!("damaged blob {}", path.display()));
-        if args.repair {
-            fs::remove_file(&path)?;
-            problems.push(format!("removed {}", path.display()));
-        }
+        let used_by = match users.get(object) {
+            Some(names) => format!(
+                "used by {}",
+                names.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            None => "used by no model".to_owned(),
+        };
+        let repair = if args.repair {
+            match store.remove_damaged(object)? {
+                Some(_) => "; removed: import or download those models again to restore it",
+                None => "; not removed: it is intact now (replaced meanwhile)",
+            }
+        } else {
+            "; run `tensorfs verify --repair` to remove it, then import or download those \
+             models again"
+        };
+        problems.push(format!(
+            "damaged blob {} ({used_by}){repair}",
+            path.display()
+        ));
     }
-    for line in &incomplete {
-        problems.push(line.clone());
-    }
+    problems.extend(incomplete);
     if problems.is_empty() {
+        let distinct: BTreeSet<&ObjectRef> = commits.iter().map(|(_, id)| id).collect();
+        let bytes: u64 = blobs.iter().map(|o| o.length).sum();
         println!(
-            "verified {} objects of {} commits",
-            blobs.len(),
-            commits.len()
+            "verified {} ({} of stored bytes, chunks and documents) of {}",
+            count(blobs.len(), "object"),
+            crate::cli::import::human(bytes),
+            count(distinct.len(), "commit")
         );
         return Ok(ExitCode::SUCCESS);
     }
     for p in &problems {
         eprintln!("tensorfs: {p}");
     }
-    if args.repair && !bad.is_empty() {
-        eprintln!(
-            "tensorfs: import or download the affected models again to restore the removed objects"
-        );
-    }
     Ok(ExitCode::FAILURE)
+}
+
+/// `1 commit`, `2 commits`.
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
 }
 
 /// A commit's closure (spec §7): the tree, its files, its header's chunks and assets.
@@ -120,29 +143,6 @@ fn closure(store: &Store, id: &ObjectRef) -> anyhow::Result<Vec<ObjectRef>> {
     let mut out = vec![*id];
     out.extend(commit.tree.files.values().copied());
     out.extend(commit.header.objects().copied());
-    Ok(out)
-}
-
-/// Every blob under `blobs/`, named by its file name and sized by its length.
-fn all_blobs(store: &Store) -> anyhow::Result<Vec<ObjectRef>> {
-    let mut out = Vec::new();
-    let root = store.root().join("blobs");
-    for a in fs::read_dir(&root)? {
-        for b in fs::read_dir(a?.path())? {
-            for entry in fs::read_dir(b?.path())? {
-                let entry = entry?;
-                let Some(sha256) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<Sha256>().ok())
-                else {
-                    continue;
-                };
-                let length = entry.metadata()?.len();
-                out.push(ObjectRef { sha256, length });
-            }
-        }
-    }
     Ok(out)
 }
 

@@ -73,14 +73,32 @@ pub fn header_len(first8: &[u8], file_len: u64) -> FormatResult<u64> {
         )));
     };
     let n = u64::from_le_bytes(prefix.try_into().expect("eight bytes"));
+    // A length no header has is most often a file of another kind (text, a pickle, HTML saved
+    // under the name): say that first, and what it starts with when that is text.
+    let not_safetensors = |claim: String| {
+        let text = prefix
+            .iter()
+            .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace());
+        let starts = match text {
+            true => format!(
+                " (it starts with the text {:?})",
+                String::from_utf8_lossy(prefix)
+            ),
+            false => String::new(),
+        };
+        FormatError::Encoding(format!(
+            "not a safetensors file{starts}: its first 8 bytes, read as the header length, \
+             claim {n} bytes, {claim}"
+        ))
+    };
     if n > MAX_HEADER_BYTES {
-        return Err(FormatError::Encoding(format!(
-            "the safetensors header claims {n} bytes, over the {MAX_HEADER_BYTES}-byte limit"
+        return Err(not_safetensors(format!(
+            "over the {MAX_HEADER_BYTES}-byte limit"
         )));
     }
     if 8 + n > file_len {
-        return Err(FormatError::Encoding(format!(
-            "the safetensors header claims {n} bytes, past the end of a {file_len}-byte file"
+        return Err(not_safetensors(format!(
+            "past the end of a {file_len}-byte file"
         )));
     }
     Ok(n)

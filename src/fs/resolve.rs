@@ -122,9 +122,11 @@ impl TensorFs {
             return;
         }
         reported.insert(key, now);
-        match err.is_local_damage() {
-            true => tracing::error!("{err}; answering EIO; {REPAIR}"),
-            false => tracing::error!("{err}; answering EIO"),
+        // A damaged blob's error already says how to repair it: advise once per line.
+        let text = err.to_string();
+        match err.is_local_damage() && !text.contains("verify --repair") {
+            true => tracing::error!(errno = err.errno(), "{text}; answering EIO; {REPAIR}"),
+            false => tracing::error!(errno = err.errno(), "{text}; answering EIO"),
         }
     }
 }

@@ -42,9 +42,6 @@ pub const READY_FD_ENV: &str = "TENSORFS_READY_FD";
 /// `error: <why>` instead.
 pub const READY_LINE: &str = "ready";
 
-/// The filesystem type the kernel lists for our mounts (`fuse.<subtype>`).
-pub const FSTYPE: &str = "fuse.tensorfs";
-
 /// How to mount a store.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -158,13 +155,15 @@ pub enum MountError {
         source: io::Error,
     },
     /// The kernel or `fusermount3` refused the mount.
-    #[error("mounting at {}: {source}", .mountpoint.display())]
+    #[error("mounting at {}: {source}{hint}", .mountpoint.display())]
     Mount {
         /// The mount point.
         mountpoint: PathBuf,
         /// Why.
         #[source]
         source: io::Error,
+        /// What to do about it, when the cause is known (empty, or `; ` and advice).
+        hint: String,
     },
     /// Serving requests failed.
     #[error("serving {}: {source}", .mountpoint.display())]
@@ -185,6 +184,12 @@ pub enum MountError {
         source: io::Error,
         /// What to do about it.
         hint: &'static str,
+    },
+    /// The path does not exist, so nothing is mounted there.
+    #[error("{} does not exist: nothing to unmount", .mountpoint.display())]
+    NoSuchPath {
+        /// The path given.
+        mountpoint: PathBuf,
     },
     /// The path is not a TensorFS mount, so `unmount` leaves it alone.
     #[error("{0} is not a TensorFS mount; `tensorfs unmount` only unmounts its own mounts", .mountpoint.display())]
@@ -211,6 +216,47 @@ pub enum MountError {
     },
 }
 
+/// The FUSE device.
+const FUSE_DEVICE: &str = "/dev/fuse";
+
+/// Advice for a refused mount whose cause can be seen: a missing FUSE device, or one this user
+/// may not open (Debian and Ubuntu make `/dev/fuse` 0666; some systems keep it 0600, root's
+/// alone). Empty when nothing is known.
+fn mount_hint(source: &io::Error, device: &Path, root: bool) -> String {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = match fs::metadata(device) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return format!(
+                "; there is no {}: load the FUSE module (`modprobe fuse`) or run where the \
+                 device exists",
+                device.display()
+            )
+        }
+        Err(_) => return String::new(),
+    };
+    if source.kind() != io::ErrorKind::PermissionDenied || root {
+        return String::new();
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o006 == 0o006 {
+        return format!(
+            "; {} is mode {mode:04o}, open to every user: check that `fusermount3` (apt fuse3) \
+             is installed setuid root",
+            device.display()
+        );
+    }
+    format!(
+        "; {} is mode {mode:04o} (owner uid {}, group gid {}), so only they may open it: a user \
+         other than root mounts once it is 0666, as Debian and Ubuntu ship it (`sudo chmod 0666 \
+         {}`, or a udev rule `KERNEL==\"fuse\", MODE=\"0666\"`)",
+        device.display(),
+        meta.uid(),
+        meta.gid(),
+        device.display()
+    )
+}
+
 /// A mount made and handshaken, not yet served.
 struct Mounted {
     session: Session<FuseAdapter>,
@@ -232,6 +278,7 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
     let mut session = Session::new(FuseAdapter::new(fs), &mountpoint, &config.fuser_config())
         .map_err(|source| MountError::Mount {
             mountpoint: mountpoint.clone(),
+            hint: mount_hint(&source, Path::new(FUSE_DEVICE), is_root()),
             source,
         })?;
     let unmounter = session.unmount_callable();
@@ -528,6 +575,11 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
     // Not canonicalized: resolving a stale mount point fails with ENOTCONN.
     let path = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     if !is_mounted(&path) {
+        // A stale mount point fails to stat with ENOTCONN, not ENOENT, so only a path that is
+        // really absent is called so.
+        if fs::symlink_metadata(&path).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
+            return Err(MountError::NoSuchPath { mountpoint: path });
+        }
         return Err(MountError::NotOurs { mountpoint: path });
     }
     let fail = |source: io::Error, hint| MountError::Unmount {
@@ -641,6 +693,31 @@ mod tests {
             check_mountpoint(&empty).unwrap(),
             fs::canonicalize(&empty).unwrap()
         );
+    }
+
+    #[test]
+    fn a_refused_mount_names_the_device_and_its_permission() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let device = dir.path().join("fuse");
+        fs::write(&device, b"").unwrap();
+        let denied = io::Error::from_raw_os_error(libc::EACCES);
+        fs::set_permissions(&device, fs::Permissions::from_mode(0o600)).unwrap();
+        let hint = mount_hint(&denied, &device, false);
+        assert!(hint.contains("mode 0600"), "{hint}");
+        assert!(hint.contains(&device.display().to_string()), "{hint}");
+        assert!(hint.contains("0666"), "{hint}");
+        assert_eq!(
+            mount_hint(&denied, &device, true),
+            "",
+            "root opens any mode"
+        );
+        fs::set_permissions(&device, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(mount_hint(&denied, &device, false).contains("fusermount3"));
+        let other = io::Error::from_raw_os_error(libc::EINVAL);
+        assert_eq!(mount_hint(&other, &device, false), "");
+        let gone = dir.path().join("absent");
+        assert!(mount_hint(&other, &gone, true).contains("modprobe fuse"));
     }
 
     #[test]

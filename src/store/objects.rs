@@ -6,7 +6,7 @@
 //! files of a killed process from those of a live one and reap only the former.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +57,68 @@ impl Store {
         writer.finish(Some(&object))
     }
 
+    /// Every blob under `blobs/<aa>/<bb>/`, named by its file name (a SHA-256 in hex) and sized
+    /// by its length as the file is now (not hashed). Files of other names are not blobs.
+    ///
+    /// # Errors
+    /// A folder of `blobs/` cannot be listed.
+    pub fn blobs(&self) -> StoreResult<Vec<ObjectRef>> {
+        let mut out = Vec::new();
+        let list = |dir: &Path| -> StoreResult<Vec<fs::DirEntry>> {
+            fs::read_dir(dir)
+                .and_then(|entries| entries.collect::<io::Result<Vec<_>>>())
+                .map_err(io_err("list", dir))
+        };
+        for a in list(&self.root.join("blobs"))? {
+            for b in list(&a.path())? {
+                for entry in list(&b.path())? {
+                    let Some(sha256) = entry
+                        .file_name()
+                        .to_str()
+                        .and_then(|n| n.parse::<crate::format::Sha256>().ok())
+                    else {
+                        continue;
+                    };
+                    let meta = entry.metadata().map_err(io_err("stat", &entry.path()))?;
+                    out.push(ObjectRef {
+                        sha256,
+                        length: meta.len(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes `object`'s blob if its bytes are not the object (`verify --repair`): it is hashed
+    /// again, under the collector's fence, and removed only when the damaged file is still the
+    /// one at its path (an import that meanwhile re-admitted a good copy keeps it). Returns
+    /// what the damaged file held, or `None` when the blob is absent or intact.
+    ///
+    /// # Errors
+    /// The blob cannot be read, or removing it fails.
+    pub fn remove_damaged(&self, object: &ObjectRef) -> StoreResult<Option<ObjectRef>> {
+        use std::os::unix::fs::MetadataExt;
+        let _fence = self.fence()?;
+        let path = self.object_path(object);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        let found = hash_file(&file).map_err(io_err("read", &path))?;
+        if found == *object {
+            return Ok(None);
+        }
+        let open = file.metadata().map_err(io_err("stat", &path))?;
+        let now = fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
+        if (open.dev(), open.ino()) != (now.dev(), now.ino()) {
+            return Ok(None);
+        }
+        fs::remove_file(&path).map_err(io_err("remove", &path))?;
+        Ok(Some(found))
+    }
+
     /// Flushes everything written to the store's filesystem (`syncfs`), so that directory
     /// entries of new objects are durable before a ref names them.
     ///
@@ -74,7 +136,7 @@ impl Store {
     fn temp_file(&self) -> StoreResult<(PathBuf, File)> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let tmp = self.root.join("tmp");
-        self.claim_tmp(&tmp)?;
+        claim_tmp(&tmp)?;
         loop {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let path = tmp.join(format!("tensorfs-{}-{n}", std::process::id()));
@@ -85,27 +147,36 @@ impl Store {
             }
         }
     }
+}
 
-    /// Takes this process's writer lock once, reaping temp files of writers that died.
-    fn claim_tmp(&self, tmp: &Path) -> StoreResult<()> {
-        static CLAIMED: OnceLock<std::sync::Mutex<Vec<(PathBuf, File)>>> = OnceLock::new();
-        let claimed = CLAIMED.get_or_init(Default::default);
-        let mut claimed = lock(claimed);
-        if claimed.iter().any(|(dir, _)| dir == tmp) {
-            return Ok(());
-        }
-        reap(tmp)?;
-        let path = tmp.join(format!("tensorfs-{}.lock", std::process::id()));
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err("create", &path))?;
-        file.lock().map_err(io_err("lock", &path))?;
-        claimed.push((tmp.to_path_buf(), file));
-        Ok(())
+/// The name of this process's writer lock in a store's `tmp/`.
+pub(crate) fn own_lock_name() -> String {
+    format!("tensorfs-{}.lock", std::process::id())
+}
+
+/// Takes this process's writer lock on `tmp` once, reaping temp files of writers that died.
+/// Every temp file a process writes (objects and records alike) is made after this, so a
+/// killed writer's files are told by their free lock and reaped by the next writer.
+fn claim_tmp(tmp: &Path) -> StoreResult<()> {
+    static CLAIMED: OnceLock<std::sync::Mutex<Vec<(PathBuf, File)>>> = OnceLock::new();
+    let claimed = CLAIMED.get_or_init(Default::default);
+    let mut claimed = lock(claimed);
+    let path = tmp.join(own_lock_name());
+    // A store removed and made again at the same path (`Store::remove_if_unused`) lost its lock.
+    claimed.retain(|(dir, _)| dir != tmp || path.exists());
+    if claimed.iter().any(|(dir, _)| dir == tmp) {
+        return Ok(());
     }
+    reap(tmp)?;
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err("create", &path))?;
+    file.lock().map_err(io_err("lock", &path))?;
+    claimed.push((tmp.to_path_buf(), file));
+    Ok(())
 }
 
 /// Removes the temp files of writers whose lock is free (they exited or were killed).
@@ -297,6 +368,7 @@ impl Drop for ObjectWriter {
 pub(crate) fn replace_file(tmp: &Path, dest: &Path, bytes: &[u8], mode: u32) -> StoreResult<()> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    claim_tmp(tmp)?;
     let temp = tmp.join(format!("tensorfs-{}-record-{n}", std::process::id()));
     let result = (|| {
         let mut file = File::create(&temp).map_err(io_err("create", &temp))?;
@@ -310,4 +382,24 @@ pub(crate) fn replace_file(tmp: &Path, dest: &Path, bytes: &[u8], mode: u32) -> 
         let _ = fs::remove_file(&temp);
     }
     result
+}
+
+/// The object reference of a whole file's bytes.
+///
+/// # Errors
+/// Reading fails.
+pub fn hash_file(file: &File) -> io::Result<ObjectRef> {
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut reader = file;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finish())
 }

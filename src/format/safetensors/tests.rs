@@ -440,3 +440,15 @@ fn metadata_of_several_keys_is_written_in_the_order_given() {
     let (_, read) = safetensors::SafeTensors::read_metadata(&file).unwrap();
     assert_eq!(read.metadata().as_ref().unwrap()["a"], "\"2\"");
 }
+
+/// A text file saved as `.safetensors` (here a Git LFS pointer) is named as not a safetensors
+/// file, with the text it starts with, instead of a header of an absurd length.
+#[test]
+fn a_text_file_is_not_a_safetensors_file() {
+    let text = b"version https://git-lfs.github.com/spec/v1\n";
+    let m = header_len(text, text.len() as u64).unwrap_err().to_string();
+    assert!(m.starts_with("not a safetensors file"), "{m}");
+    assert!(m.contains("\"version \""), "{m}");
+    let m = header_len(&[0xff; 8], 100).unwrap_err().to_string();
+    assert!(m.starts_with("not a safetensors file: "), "{m}");
+}
