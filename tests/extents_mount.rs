@@ -5,6 +5,7 @@
 
 mod common;
 mod fuse_support;
+mod skip;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -269,7 +270,7 @@ fn the_ioctl_pages_extents_whose_blob_bytes_are_the_files() {
 /// skipped (with a message) only when there is no C compiler.
 fn c_client(path: &Path, expected: &extents::Located) {
     if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("skipping the C client check: no C compiler (`cc`) on this machine");
+        skip::missing("the C client check: no C compiler (`cc`) on this machine");
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

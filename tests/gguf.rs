@@ -6,6 +6,7 @@
 //! gguf-py; `expect.json` says what each tensor should read as.
 
 mod common;
+mod skip;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -413,19 +414,19 @@ fn a_refused_import_into_a_new_store_leaves_it_empty() {
 
 /// The reference `tfs`: `$TENSORFS_REFERENCE_TFS`, else `/work/cache/refvenv/bin/tfs`.
 fn reference_tfs() -> Option<PathBuf> {
-    let path = std::env::var_os("TENSORFS_REFERENCE_TFS")
+    let path = std::env::var_os("TENSORFS_TEST_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/cache/refvenv/bin/tfs"));
-    path.exists().then_some(path)
+        .and_then(|python| Some(python.parent()?.join("tfs")))?;
+    path.is_file().then_some(path)
 }
 
 /// `tfs verify` of `name` in `store` must pass, when the reference is installed.
 fn reference_verify(store: &Path, name: &str) {
     let Some(tfs) = reference_tfs() else {
-        eprintln!(
-            "skipped: the reference `tfs verify` of {name} (set TENSORFS_REFERENCE_TFS or \
-             install /work/cache/refvenv/bin/tfs)"
-        );
+        skip::missing(&format!(
+            "the reference `tfs verify` of {name}: no `tfs` beside TENSORFS_TEST_PYTHON \
+             (tools/test.sh sets it to the dev venv's python)"
+        ));
         return;
     };
     let out = Command::new(&tfs)

@@ -4,6 +4,7 @@
 //! Runs the dev venv's python, `$TENSORFS_TEST_PYTHON` (tools/test.sh sets it).
 
 mod fuse_support;
+mod skip;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -104,9 +105,9 @@ fn on_cpu(python: &Path, file: &Path) -> serde_json::Value {
 #[test]
 fn gpu_load_py_loads_every_tensor_through_the_extents_as_safetensors_does() {
     let Some(python) = std::env::var_os("TENSORFS_TEST_PYTHON") else {
-        eprintln!(
-            "SKIPPED: TENSORFS_TEST_PYTHON is not set; tools/test.sh sets it to the dev venv's \
-             python (torch, safetensors) and runs this test"
+        skip::missing(
+            "TENSORFS_TEST_PYTHON is not set; tools/test.sh sets it to the dev venv's python \
+             (torch, safetensors)",
         );
         return;
     };

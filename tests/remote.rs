@@ -5,6 +5,7 @@
 mod common;
 #[path = "common/http.rs"]
 mod http;
+mod skip;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -499,10 +500,7 @@ fn reference_tfs() -> Option<PathBuf> {
     let from_python = std::env::var_os("TENSORFS_TEST_PYTHON")
         .map(PathBuf::from)
         .and_then(|python| Some(python.parent()?.join("tfs")));
-    from_python
-        .into_iter()
-        .chain([PathBuf::from("/work/cache/refvenv/bin/tfs")])
-        .find(|tfs| tfs.is_file())
+    from_python.into_iter().find(|tfs| tfs.is_file())
 }
 
 fn conform(tfs: &Path, url: &str, extra: &[&str], env: &[(&str, &str)], scratch: &Path) -> String {
@@ -531,7 +529,7 @@ fn conform(tfs: &Path, url: &str, extra: &[&str], env: &[(&str, &str)], scratch:
 #[test]
 fn the_reference_conformance_suite_passes_against_our_server() {
     let Some(tfs) = reference_tfs() else {
-        println!("SKIPPED: no reference `tfs` (set TENSORFS_TEST_PYTHON to a venv with tensorfs)");
+        skip::missing("no reference `tfs` (set TENSORFS_TEST_PYTHON to a venv with tensorfs)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();

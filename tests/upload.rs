@@ -7,6 +7,7 @@ mod common;
 mod http;
 #[path = "common/origins.rs"]
 mod origins;
+mod skip;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -72,7 +73,15 @@ fn lazy_mount_equals(dir: &Path, origin: &Path, endpoint: &str, env: &[(&str, St
     let store = empty_store(&dir.join("lazy-store"));
     let mnt = dir.join("lazy-mnt");
     fs::create_dir_all(&mnt).unwrap();
-    let args = ["mount", mnt.to_str().unwrap(), "--endpoint", endpoint];
+    let log = dir.join("lazy-mount.log");
+    let args = [
+        "mount",
+        mnt.to_str().unwrap(),
+        "--endpoint",
+        endpoint,
+        "--log-file",
+        log.to_str().unwrap(),
+    ];
     succeeded(&tensorfs_in(&store, args[0], &args[1..], env));
     let guard = CliMount(mnt.clone());
     let mut listed: Vec<String> = fs::read_dir(mnt.join("acme"))
@@ -494,7 +503,7 @@ fn one_lane_is_uploaded_to_a_store_directory_and_downloaded_back() {
 #[test]
 fn nginx_serves_an_uploaded_directory_as_a_static_origin() {
     let Some(nginx) = Nginx::binary() else {
-        println!("SKIPPED: nginx is not installed (apt-get install nginx; tools/test.sh does)");
+        skip::missing("nginx is not installed (apt-get install nginx; tools/test.sh does)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -521,9 +530,9 @@ fn nginx_serves_an_uploaded_directory_as_a_static_origin() {
 #[test]
 fn an_s3_bucket_takes_uploads_and_serves_downloads() {
     let Some(binary) = S3Server::binary() else {
-        println!(
-            "SKIPPED: no s3s-fs (cargo install s3s-fs --version 0.14.1 --features binary; \
-             tools/test.sh installs it, or set TENSORFS_TEST_S3S)"
+        skip::missing(
+            "no s3s-fs (cargo install s3s-fs --version 0.14.1 --features binary; \
+             tools/test.sh installs it, or set TENSORFS_TEST_S3S)",
         );
         return;
     };
@@ -607,6 +616,6 @@ fn an_s3_bucket_takes_uploads_and_serves_downloads() {
         let web = Nginx::start(&nginx, &prefix, &dir.path().join("nginx"));
         downloads_equal(dir.path(), "from-nginx", &origin, &commits, &web.url, &[]);
     } else {
-        println!("SKIPPED (part): nginx is not installed");
+        skip::missing("the nginx part: nginx is not installed");
     }
 }

@@ -7,9 +7,15 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The `tensorfs` binary under test.
+/// The `tensorfs` binary under test. A mount started without `--log-file` logs under the
+/// target folder (`XDG_STATE_HOME`), never into the user's own state folder.
 pub fn tensorfs() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tensorfs"));
+    command.env(
+        "XDG_STATE_HOME",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("state"),
+    );
+    command
 }
 
 /// Runs `tensorfs --store <store> <args>`.
