@@ -52,9 +52,30 @@ pub enum ImportError {
         /// What is wrong, naming the tensor and numbers where there are some.
         why: String,
     },
-    /// The request itself is wrong (no source, a bad repo name).
+    /// The request itself is wrong (no source, a bad repo name, a lane or scheme that is not
+    /// there).
     #[error("{0}")]
     Usage(String),
+    /// A header this import built does not encode (past a limit of the format): nothing of
+    /// the source is at fault.
+    #[error("{what}: {source}")]
+    Encode {
+        /// Which document.
+        what: String,
+        /// The format's refusal.
+        #[source]
+        source: crate::format::FormatError,
+    },
+    /// A lane this import built cannot be laid out as the folder it came from (two files at
+    /// one path, say): refused before anything is published.
+    #[error("{what}: {source}")]
+    Layout {
+        /// Which lane.
+        what: String,
+        /// The layout's refusal.
+        #[source]
+        source: crate::layout::LayoutError,
+    },
     /// The store could not be written.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -339,11 +360,9 @@ pub fn import(
         header
             .metadata
             .insert(SOURCE_FILES.into(), lane.recipe.to_value());
-        let header_bytes = header.to_cbor().map_err(|e| {
-            ImportError::Usage(format!(
-                "the header for lane {} cannot be encoded: {e}",
-                lane.lane
-            ))
+        let header_bytes = header.to_cbor().map_err(|source| ImportError::Encode {
+            what: format!("the header of lane {}", lane.lane),
+            source,
         })?;
         let header_ref = stage_bytes(store, &header_bytes, &mut staged)?;
         let mut tree_files = BTreeMap::new();
@@ -359,7 +378,10 @@ pub fn import(
             files: tree_files,
         };
         let view = crate::layout::LaneView::build(&ObjectRef::of(&tree.to_json()), &tree, &header)
-            .map_err(|e| ImportError::Usage(format!("lane {}: {e}", lane.lane)))?;
+            .map_err(|source| ImportError::Layout {
+                what: format!("lane {}", lane.lane),
+                source,
+            })?;
         let commit = stage_bytes(store, &tree.to_json(), &mut staged)?;
         trees.push(commit);
         reports.push(LaneReport {

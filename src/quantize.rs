@@ -194,9 +194,10 @@ pub fn quantize(
             ("source".to_owned(), Value::Text(source.header_ref.id())),
         ]),
     );
-    let bytes = header
-        .to_cbor()
-        .map_err(|e| ImportError::Usage(format!("the quantized header cannot be encoded: {e}")))?;
+    let bytes = header.to_cbor().map_err(|source| ImportError::Encode {
+        what: "the quantized header".to_owned(),
+        source,
+    })?;
     let header_ref = stage_bytes(store, &bytes, &mut staged)?;
     let mut files: BTreeMap<String, ObjectRef> = source
         .tree

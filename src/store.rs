@@ -134,6 +134,7 @@ impl Store {
     /// `root` holds something that is not a store, or a store of another format.
     pub fn open(root: impl Into<PathBuf>) -> StoreResult<Store> {
         let root = root.into();
+        not_a_folder(&root)?;
         fs::create_dir_all(&root).map_err(io_err("create", &root))?;
         let root = fs::canonicalize(&root).map_err(io_err("resolve", &root))?;
         let record = root.join("format");
@@ -169,6 +170,15 @@ impl Store {
     /// `root` has no format record, or one of another format.
     pub fn open_existing(root: impl Into<PathBuf>) -> StoreResult<Store> {
         let root = root.into();
+        not_a_folder(&root)?;
+        if fs::symlink_metadata(&root).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
+            return Err(StoreError::NotAStore {
+                path: root,
+                why: "is not a store: the folder does not exist (`tensorfs import` or `download` makes \
+                      one)"
+                    .into(),
+            });
+        }
         let record = root.join("format");
         let bytes = fs::read(&record).map_err(|e| StoreError::NotAStore {
             path: root.clone(),
@@ -322,6 +332,18 @@ impl Store {
             header_ref,
             header,
         })
+    }
+}
+
+/// Refuses a store path that is something other than a folder (a file, say), with the same
+/// words for every verb.
+fn not_a_folder(root: &Path) -> StoreResult<()> {
+    match fs::metadata(root) {
+        Ok(meta) if !meta.is_dir() => Err(StoreError::NotAStore {
+            path: root.to_path_buf(),
+            why: "is a file, not a store folder".into(),
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -133,6 +133,30 @@ fn unmount_names_a_missing_path_and_says_what_it_did() {
 }
 
 #[test]
+fn unmount_help_offers_no_store() {
+    let out = tensorfs().args(["unmount", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    assert!(!help.contains("--store"), "{help}");
+    assert!(help.contains("--lazy"), "{help}");
+    // Still accepted, as every verb accepts it.
+    let dir = tempfile::tempdir().unwrap();
+    let said = fails(dir.path(), &["unmount", "/nonexistent-mount"]);
+    assert!(said.contains("does not exist"), "{said}");
+    let out = tensorfs()
+        .args(["unmount", "--store"])
+        .arg(dir.path())
+        .arg("/nonexistent-mount")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("does not exist"),
+        "after the verb too: {said}"
+    );
+}
+
+#[test]
 fn help_shows_no_empty_environment_values() {
     for verb in ["mount", "download", "upload"] {
         let out = tensorfs()
@@ -144,4 +168,24 @@ fn help_shows_no_empty_environment_values() {
         assert!(!help.contains("TENSORFS_ENDPOINT=]"), "{verb}: {help}");
         assert!(help.contains("TENSORFS_ENDPOINT"), "{verb}: {help}");
     }
+}
+
+/// `--store` on a regular file: the same words from every verb, the import's included.
+#[test]
+fn a_store_path_that_is_a_file_is_named_so_by_every_verb() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    fs::write(&file, b"x").unwrap();
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    for args in [
+        vec!["import", src.to_str().unwrap(), "--name", "local/x"],
+        vec!["ls"],
+        vec!["verify"],
+        vec!["inspect", "local/x"],
+    ] {
+        let said = fails(&file, &args);
+        assert!(said.contains("is a file, not a store folder"), "{args:?}: {said}");
+    }
+    assert_eq!(fs::read(&file).unwrap(), b"x");
 }

@@ -72,6 +72,10 @@ pub struct UnmountArgs {
     /// Detach now even if files are open; the mount goes away when they close.
     #[arg(long)]
     pub lazy: bool,
+    /// Unmounting uses no store: the global `--store` is taken here, accepted and hidden, so
+    /// the help offers only what matters.
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub store: Option<PathBuf>,
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {

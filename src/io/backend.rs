@@ -51,19 +51,30 @@ pub enum Backend {
     Auto,
 }
 
-impl FromStr for Backend {
-    type Err = String;
+/// A name that is no backend (from `TENSORFS_IO`, or a benchmark's argument).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}{name:?} is not an I/O backend (pread, mmap, uring, uring-direct, auto)")]
+pub struct UnknownBackend {
+    /// Where the name came from (`"TENSORFS_IO: "`), or empty.
+    pub origin: &'static str,
+    /// The name.
+    pub name: String,
+}
 
-    fn from_str(s: &str) -> Result<Backend, String> {
+impl FromStr for Backend {
+    type Err = UnknownBackend;
+
+    fn from_str(s: &str) -> Result<Backend, UnknownBackend> {
         match s {
             "pread" => Ok(Backend::Pread),
             "mmap" => Ok(Backend::Mmap),
             "uring" | "io_uring" => Ok(Backend::Uring),
             "uring-direct" => Ok(Backend::UringDirect),
             "auto" => Ok(Backend::Auto),
-            other => Err(format!(
-                "{other:?} is not an I/O backend (pread, mmap, uring, uring-direct, auto)"
-            )),
+            other => Err(UnknownBackend {
+                origin: "",
+                name: other.to_owned(),
+            }),
         }
     }
 }
@@ -73,9 +84,12 @@ impl Backend {
     ///
     /// # Errors
     /// The variable names no backend.
-    pub fn from_env() -> Result<Backend, String> {
+    pub fn from_env() -> Result<Backend, UnknownBackend> {
         match std::env::var("TENSORFS_IO") {
-            Ok(v) if !v.is_empty() => v.parse().map_err(|e| format!("TENSORFS_IO: {e}")),
+            Ok(v) if !v.is_empty() => v.parse().map_err(|e: UnknownBackend| UnknownBackend {
+                origin: "TENSORFS_IO: ",
+                ..e
+            }),
             _ => Ok(Backend::Auto),
         }
     }

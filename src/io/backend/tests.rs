@@ -154,6 +154,7 @@ fn backends_parse_from_their_names() {
     assert!("disk"
         .parse::<Backend>()
         .unwrap_err()
+        .to_string()
         .contains("pread, mmap"));
 }
 
