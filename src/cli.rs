@@ -261,6 +261,19 @@ fn describe(error: &anyhow::Error) -> String {
     line
 }
 
+/// Bytes for people: `1.5 GiB`.
+pub(crate) fn human(bytes: u64) -> String {
+    indicatif::BinaryBytes(bytes).to_string()
+}
+
+/// `1 commit`, `2 commits`.
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;

@@ -121,7 +121,9 @@ PY
 fi
 report_skips() {
     if [ -s "$skips" ]; then
-        log "$(wc -l <"$skips") tests skipped:"
+        local n
+        n=$(wc -l <"$skips")
+        if [ "$n" = 1 ]; then log "1 test skipped:"; else log "$n tests skipped:"; fi
         sed 's/^/    skipped: /' "$skips" >&2
     else
         log "0 tests skipped"

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::import::human;
+use super::human;
 use super::{parse_duration, Cli};
 use crate::format::names::split_repo_name;
 use crate::remote::client::ClientConfig;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 
 use super::target::resolve_one;
-use super::Cli;
+use super::{count, Cli};
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{LaneFile, LaneView};
 
@@ -78,10 +78,10 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     println!(
-        "exported {} lane {} ({} files) into {}",
+        "exported {} lane {} ({}) into {}",
         target.repo.as_deref().unwrap_or(&commit.id.id()),
         target.lane,
-        view.files.len(),
+        count(view.files.len(), "file"),
         args.dir.display()
     );
     Ok(ExitCode::SUCCESS)

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::verify::count;
-use super::Cli;
+use super::{count, human, Cli};
 use crate::import::{import, ImportConfig, Progress};
+use crate::store::hub::HubId;
 use crate::store::Store;
 
 /// Arguments of `import`.
@@ -32,6 +32,15 @@ pub struct Args {
     /// ComfyUI marker). Example: modelopt.nvfp4, comfy.nvfp4, gptq.
     #[arg(long, value_name = "NAME")]
     pub converter: Option<String>,
+    /// The Hugging Face repo the source is, and its revision (a 40-hex commit), recorded so the
+    /// hub cache view can show it under that id. A hub cache snapshot folder
+    /// (…/models--ORG--NAME/snapshots/COMMIT) names its own.
+    #[arg(long, value_name = "ORG/NAME[@REV]", value_parser = parse_hub_id)]
+    pub hf_id: Option<HubId>,
+}
+
+fn parse_hub_id(text: &str) -> Result<HubId, String> {
+    HubId::parse(text).map_err(|e| e.to_string())
 }
 
 /// A progress bar on a terminal, nothing otherwise.
@@ -71,6 +80,7 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
         config.threads = threads.max(1);
     }
     config.converter = args.converter.clone();
+    config.hub = args.hf_id.clone();
     let progress = Bar(bar);
     let report = import(store, &args.sources, &args.name, &config, &progress);
     if let Some(bar) = &progress.0 {
@@ -103,6 +113,9 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
                 human(report.chunk_bytes)
             ),
         }
+        if let Some(hub) = &report.hub {
+            println!("recorded as hub repo {hub}");
+        }
         for (path, why) in &report.skipped {
             eprintln!("tensorfs: skipped {path}: {why}");
         }
@@ -111,9 +124,4 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Bytes for people: `1.5 GiB`.
-pub(crate) fn human(bytes: u64) -> String {
-    indicatif::BinaryBytes(bytes).to_string()
 }

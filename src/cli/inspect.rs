@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
-use super::import::human;
 use super::target::resolve;
 use super::Cli;
+use super::{count, human};
 use crate::format::{Body, Header, Value};
 use crate::layout::LaneView;
 use crate::revisions::revisions;
@@ -148,20 +148,24 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             }
             let total: u64 = kinds.values().map(|k| k.1).sum();
             println!(
-                "  {}: {} — {} tensors, {}, {} assets",
+                "  {}: {} — {}, {}, {}",
                 comp.name,
                 class_text(&comp.class),
-                comp.tensors.len(),
+                count(comp.tensors.len(), "tensor"),
                 human(total),
-                comp.assets.len()
+                count(comp.assets.len(), "asset")
             );
             for (kind, (n, bytes)) in kinds {
                 println!("    {n} × {kind} ({})", human(bytes));
             }
         }
         let chunk_bytes: u64 = h.chunks.iter().map(|c| c.length).sum();
-        println!("  {} chunks, {}", h.chunks.len(), human(chunk_bytes));
-        println!("  {} files:", view.files.len());
+        println!(
+            "  {}, {}",
+            count(h.chunks.len(), "chunk"),
+            human(chunk_bytes)
+        );
+        println!("  {}:", count(view.files.len(), "file"));
         for f in &view.files {
             println!("    {} ({})", f.path, human(f.content.size()));
         }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use super::import::human;
+use super::human;
 use super::target::resolve_one;
 use super::Cli;
 use crate::quantize::quantize;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::download::Bar;
-use super::import::human;
+use super::human;
 use super::Cli;
 use crate::remote::client::ClientConfig;
 use crate::remote::connect;

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::target::resolve;
-use super::Cli;
+use super::{count, human, Cli};
 use crate::format::ObjectRef;
 use crate::store::hash_file;
 use crate::store::Store;
@@ -118,7 +118,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         println!(
             "verified {} ({} of stored bytes, chunks and documents) of {}",
             count(blobs.len(), "object"),
-            crate::cli::import::human(bytes),
+            human(bytes),
             count(distinct.len(), "commit")
         );
         return Ok(ExitCode::SUCCESS);
@@ -127,14 +127,6 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         eprintln!("tensorfs: {p}");
     }
     Ok(ExitCode::FAILURE)
-}
-
-/// `1 commit`, `2 commits`.
-pub(crate) fn count(n: usize, noun: &str) -> String {
-    match n {
-        1 => format!("1 {noun}"),
-        n => format!("{n} {noun}s"),
-    }
 }
 
 /// A commit's closure (spec §7): the tree, its files, its header's chunks and assets.
