@@ -38,6 +38,7 @@ use crate::format::{
 };
 use crate::layout::recipe::SOURCE_FILES;
 use crate::layout::FILE_METADATA;
+use crate::store::hub::HubId;
 use crate::store::{Staged, Store, StoreError};
 use convention::Item;
 
@@ -126,6 +127,8 @@ pub struct ImportReport {
     pub new_objects: usize,
     /// Their bytes: what the import added to the store.
     pub new_bytes: u64,
+    /// The hub identity recorded for the commits (`ORG/NAME[@REV]`), if any.
+    pub hub: Option<String>,
 }
 
 /// One imported lane.
@@ -154,6 +157,10 @@ pub struct ImportConfig {
     /// A producer convention (`fs-layout/conventions.json`) declared for every quantized
     /// module, for sources that do not declare their own.
     pub converter: Option<String>,
+    /// The Hugging Face repo and revision the source is (`--hf-id`); when `None`, a source
+    /// that is one hub cache snapshot folder (`…/models--ORG--NAME/snapshots/<commit>`) names
+    /// its own. Recorded beside the refs ([`crate::store::hub`]); ids do not change.
+    pub hub: Option<HubId>,
 }
 
 impl Default for ImportConfig {
@@ -161,6 +168,7 @@ impl Default for ImportConfig {
         ImportConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             converter: None,
+            hub: None,
         }
     }
 }
@@ -399,7 +407,17 @@ pub fn import(
         });
     }
 
+    let hub = config.hub.clone().or_else(|| match sources {
+        [one] => HubId::of_snapshot(&std::fs::canonicalize(one).unwrap_or_else(|_| one.clone())),
+        _ => None,
+    });
     let (new_objects, new_bytes) = publish(store, staged, name, &trees)?;
+    // The commits are in: a record that cannot be written is a warning, not a failed import.
+    if let Some(hub) = &hub {
+        if let Err(e) = store.record_hub(name, hub, &trees) {
+            warnings.push(format!("the hub identity {hub} was not recorded: {e}"));
+        }
+    }
     Ok(ImportReport {
         name: name.to_owned(),
         lanes: reports,
@@ -408,6 +426,7 @@ pub fn import(
         chunk_bytes: total,
         new_objects,
         new_bytes,
+        hub: hub.map(|h| h.to_string()),
     })
 }
 

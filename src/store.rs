@@ -8,6 +8,7 @@
 //! <root>/holds/ files/ uses/         the reference's retention records (holds/gc.lock fences GC)
 //! <root>/tmp/                        objects being written, never named until whole
 //! <root>/verified                    this implementation's ledger of blobs proven intact
+//! <root>/hub/<org>/<name>.json       this implementation's hub identities of local repos
 //! ```
 //!
 //! - One door admits objects (`objects`): bytes stream into `tmp/`, are hashed, flushed
@@ -16,9 +17,12 @@
 //! - Refs change under an exclusive `flock` on `refs/` and a shared one on `holds/gc.lock`, as
 //!   the reference's writers and collector expect (`refs`); a `local/` ref roots its commits'
 //!   closures against the reference's GC.
+//! - [`hub`] records which Hugging Face repo and revision a local repo's commits came from,
+//!   outside the repo documents (the reference rewrites those, dropping unknown fields).
 //! - [`verified`] records which blobs were hashed and their inode stamps, so a mount can prove a
 //!   blob unchanged since its verification instead of hashing it again.
 
+pub mod hub;
 mod objects;
 mod refs;
 pub mod verified;
@@ -37,6 +41,10 @@ pub const STORE_FORMAT: &str = "tensorfs.store/3";
 
 /// The folders of a store.
 const LAYOUT: [&str; 6] = ["blobs", "refs", "holds", "files", "uses", "tmp"];
+
+/// What this implementation keeps in a store beside the reference's layout: the verification
+/// ledger and the hub records.
+const OURS: [&str; 2] = ["verified", "hub"];
 
 /// Documents (trees, headers, repos) larger than this are refused before reading.
 pub const MAX_DOCUMENT_BYTES: u64 = 256 << 20;
@@ -147,7 +155,7 @@ impl Store {
                 for entry in fs::read_dir(&root).map_err(io_err("list", &root))? {
                     let name = entry.map_err(io_err("list", &root))?.file_name();
                     let name = name.to_string_lossy();
-                    if !LAYOUT.contains(&&*name) && name != "verified" {
+                    if !LAYOUT.contains(&&*name) && !OURS.contains(&&*name) {
                         return Err(StoreError::NotAStore {
                             path: root.clone(),
                             why: format!("is neither empty nor a store (it holds {name:?})"),

@@ -185,7 +185,10 @@ fn a_store_path_that_is_a_file_is_named_so_by_every_verb() {
         vec!["inspect", "local/x"],
     ] {
         let said = fails(&file, &args);
-        assert!(said.contains("is a file, not a store folder"), "{args:?}: {said}");
+        assert!(
+            said.contains("is a file, not a store folder"),
+            "{args:?}: {said}"
+        );
     }
     assert_eq!(fs::read(&file).unwrap(), b"x");
 }

@@ -578,8 +578,8 @@ fn check_index(
                 _ => String::new(),
             };
             warnings.push(format!(
-                "{}: shard {shard} holds {} that {} does not list ({}{more}); imported as they \
-                 are (loaders read every key of every shard the index names)",
+                "{}: shard {shard} holds {} that {} does not list ({}{more}); imported \
+                 byte-exact (loaders read every key of every shard the index names)",
                 shard_path.display(),
                 if extra.len() == 1 {
                     "a tensor".to_owned()
