@@ -229,21 +229,6 @@ fn a_damaged_blob_is_eio_with_a_log_line_while_other_files_still_read() {
     m.unmount();
 }
 
-/// Drops the kernel's cached pages of a mounted file, so the next read reaches the daemon.
-fn drop_cached_pages(path: &std::path::Path) {
-    let file = fs::File::open(path).unwrap();
-    // SAFETY: advice on a descriptor we own; it changes no memory of ours.
-    let rc = unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    assert_eq!(rc, 0);
-}
-
 #[test]
 fn a_blob_damaged_or_removed_after_it_was_served_is_eio() {
     let (_dir, store) = store();

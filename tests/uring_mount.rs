@@ -13,21 +13,6 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use fuse_support::*;
 use tensorfs::store::Store;
 
-/// Drops the kernel's cached pages of a mounted file, so the next read reaches the daemon.
-fn drop_cached_pages(path: &std::path::Path) {
-    let file = fs::File::open(path).unwrap();
-    // SAFETY: advice on a descriptor we own; it changes no memory of ours.
-    let rc = unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    assert_eq!(rc, 0);
-}
-
 #[test]
 fn a_failed_uring_read_in_a_mount_leaves_the_next_requests_exact() {
     // SAFETY: the only test of this binary sets it before any thread reads the environment.

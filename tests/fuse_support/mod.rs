@@ -335,3 +335,18 @@ pub fn statvfs(path: &Path) -> (u64, u64) {
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     (st.f_blocks, st.f_frsize)
 }
+
+/// Drops the kernel's cached pages of a mounted file, so the next read reaches the daemon.
+pub fn drop_cached_pages(path: &std::path::Path) {
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: advice on a descriptor we own; it changes no memory of ours.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, 0);
+}
