@@ -261,6 +261,18 @@ fn describe(error: &anyhow::Error) -> String {
     line
 }
 
+/// An endpoint URL on the command line or in `TENSORFS_ENDPOINT`, where an empty one is a
+/// mistake to name (download and upload need an endpoint).
+///
+/// # Errors
+/// The text is empty.
+pub fn parse_endpoint(text: &str) -> Result<String, String> {
+    match text.trim().is_empty() {
+        true => Err("an empty URL: pass --endpoint URL, or set TENSORFS_ENDPOINT to one".into()),
+        false => Ok(text.to_owned()),
+    }
+}
+
 /// Bytes for people: `1.5 GiB`.
 pub(crate) fn human(bytes: u64) -> String {
     indicatif::BinaryBytes(bytes).to_string()

@@ -227,6 +227,11 @@ impl FsError {
         }
     }
 
+    /// Whether the failure is an object missing from the store (nothing to repair).
+    pub fn is_missing_object(&self) -> bool {
+        matches!(self, FsError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
     /// The errno the kernel is answered with.
     pub fn errno(&self) -> i32 {
         match self {

@@ -80,6 +80,9 @@ pub enum ImportError {
     /// The store could not be written.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The import was stopped ([`ImportConfig::cancel`], Ctrl-C) before it published anything.
+    #[error("interrupted: nothing was added to the store")]
+    Interrupted,
 }
 
 impl ImportError {
@@ -161,6 +164,10 @@ pub struct ImportConfig {
     /// that is one hub cache snapshot folder (`…/models--ORG--NAME/snapshots/<commit>`) names
     /// its own. Recorded beside the refs ([`crate::store::hub`]); ids do not change.
     pub hub: Option<HubId>,
+    /// Set (by a signal handler, say) to stop the import: chunk writing stops within one read
+    /// of at most a few MiB, the staged objects are removed, and the import fails with
+    /// [`ImportError::Interrupted`], leaving the store as it was.
+    pub cancel: Option<&'static std::sync::atomic::AtomicBool>,
 }
 
 impl Default for ImportConfig {
@@ -169,6 +176,7 @@ impl Default for ImportConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             converter: None,
             hub: None,
+            cancel: None,
         }
     }
 }
@@ -240,9 +248,14 @@ pub fn import(
     }
     let total: u64 = jobs.iter().map(|j| j.length).sum();
     progress.start(total);
-    let staged_chunks = chunks::write(store, &files, &jobs, config.threads, &|n| {
-        progress.advance(n)
-    })?;
+    let staged_chunks = chunks::write(
+        store,
+        &files,
+        &jobs,
+        config.threads,
+        &|n| progress.advance(n),
+        config.cancel,
+    )?;
     let chunk_refs: Vec<ObjectRef> = staged_chunks.iter().map(|s| *s.object()).collect();
 
     let mut staged: Vec<Staged> = staged_chunks;
@@ -411,6 +424,12 @@ pub fn import(
         [one] => HubId::of_snapshot(&std::fs::canonicalize(one).unwrap_or_else(|_| one.clone())),
         _ => None,
     });
+    if config
+        .cancel
+        .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    {
+        return Err(ImportError::Interrupted);
+    }
     let (new_objects, new_bytes) = publish(store, staged, name, &trees)?;
     // The commits are in: a record that cannot be written is a warning, not a failed import.
     if let Some(hub) = &hub {

@@ -182,9 +182,7 @@ impl Store {
         if fs::symlink_metadata(&root).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
             return Err(StoreError::NotAStore {
                 path: root,
-                why: "is not a store: the folder does not exist (`tensorfs import` or `download` makes \
-                      one)"
-                    .into(),
+                why: "is not a store: the folder does not exist".into(),
             });
         }
         let record = root.join("format");
@@ -258,7 +256,7 @@ impl Store {
     /// [`StoreError::Absent`], or [`StoreError::Mismatch`] when the length differs.
     pub fn open_object(&self, object: &ObjectRef) -> StoreResult<File> {
         let path = self.object_path(object);
-        let file = match File::open(&path) {
+        let file = match open_blob(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(StoreError::Absent {
@@ -341,6 +339,47 @@ impl Store {
             header,
         })
     }
+}
+
+/// Opens the blob file at `path` to read, refusing anything but a regular file: a FIFO put in
+/// a blob's place would block the opener forever (a mount's request thread, `verify`), and a
+/// link to a device (`/dev/zero`) would never end. The open does not wait (`O_NONBLOCK`),
+/// and the flag is cleared before the descriptor is used: io_uring would answer `EAGAIN`
+/// for reads of a non-blocking descriptor instead of waiting for the disk.
+///
+/// # Errors
+/// The open fails, or the file is not a regular one (`InvalidData`, naming its kind).
+pub fn open_blob(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the blob is {what}, not a regular file"),
+        ));
+    }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no memory is passed.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(file)
 }
 
 /// Refuses a store path that is something other than a folder (a file, say), with the same

@@ -109,7 +109,7 @@ fn verify_counts_commits_once_and_names_the_models_a_damage_hits() {
         .collect();
     assert_eq!(lines.len(), 1, "one line per damage: {said}");
     assert!(
-        lines[0].contains("local/one") && lines[0].contains("local/two"),
+        lines[0].contains("local/one/f32") && lines[0].contains("local/two/f32"),
         "{said}"
     );
     assert_eq!(lines[0].matches("--repair").count(), 1, "{said}");
@@ -191,4 +191,106 @@ fn a_store_path_that_is_a_file_is_named_so_by_every_verb() {
         );
     }
     assert_eq!(fs::read(&file).unwrap(), b"x");
+}
+
+/// Makes a FIFO at `path` (as a mistaken `mkfifo` in the store would).
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+/// A FIFO or a link to a device in a blob's place is damage that `verify` names and
+/// `--repair` removes, without waiting forever to open or read it; `verify REF` of a bare
+/// commit names the commit.
+#[test]
+fn verify_names_a_fifo_or_device_in_a_blobs_place_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    let store = dir.path().join("store");
+    let said = ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/one"],
+    );
+    let commit = said
+        .lines()
+        .find_map(|l| l.split('@').nth(1)?.split(' ').next().map(str::to_owned))
+        .unwrap();
+    // The weights' chunk becomes a FIFO, the README's blob a link to /dev/zero.
+    let blob_of = |bytes: &[u8]| store.join(tensorfs::format::ObjectRef::of(bytes).blob_path());
+    let mut blobs: Vec<std::path::PathBuf> = Vec::new();
+    for a in fs::read_dir(store.join("blobs")).unwrap() {
+        for b in fs::read_dir(a.unwrap().path()).unwrap() {
+            for e in fs::read_dir(b.unwrap().path()).unwrap() {
+                blobs.push(e.unwrap().path());
+            }
+        }
+    }
+    let chunk = blobs
+        .into_iter()
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap();
+    let readme = blob_of(&fs::read(src.join("README.md")).unwrap());
+    let (fifo, device) = (&chunk, &readme);
+    fs::remove_file(fifo).unwrap();
+    mkfifo(fifo);
+    fs::remove_file(device).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", device).unwrap();
+
+    let said = fails(&store, &["verify"]);
+    assert_eq!(said.matches("damaged blob").count(), 2, "{said}");
+    let said = fails(&store, &["verify", &commit]);
+    assert!(said.contains(&format!("used by commit {commit}")), "{said}");
+    let said = fails(&store, &["verify", "--repair"]);
+    assert_eq!(said.matches("removed").count(), 2, "{said}");
+    assert!(fs::symlink_metadata(fifo).is_err() && fs::symlink_metadata(device).is_err());
+}
+
+/// An upload whose local store is missing makes no store at its `file://` endpoint.
+#[test]
+fn a_failed_upload_leaves_no_store_at_its_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mirror = dir.path().join("mirror");
+    let url = format!("file://{}", mirror.display());
+    let said = fails(
+        &dir.path().join("no-store"),
+        &["upload", "local/x", "acme/x", "--endpoint", &url],
+    );
+    assert!(said.contains("not a store"), "{said}");
+    assert!(!mirror.exists(), "no store was made at the endpoint");
+}
+
+/// An empty TENSORFS_ENDPOINT: no endpoint for `mount` (it mounts the store alone, here
+/// refused as absent, not as a bad URL), and a clear error for `download`.
+#[test]
+fn an_empty_endpoint_variable_is_named_or_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tensorfs()
+        .args(["--store"])
+        .arg(dir.path().join("absent"))
+        .args(["download", "acme/x"])
+        .env("TENSORFS_ENDPOINT", "")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(said.contains("TENSORFS_ENDPOINT"), "{said}");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let out = tensorfs()
+        .args(["--store"])
+        .arg(dir.path().join("absent"))
+        .arg("mount")
+        .arg(&mnt)
+        .env("TENSORFS_ENDPOINT", "")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("not a store"),
+        "mounts the store alone: {said}"
+    );
+    assert!(!said.contains("URL"), "{said}");
 }

@@ -626,6 +626,63 @@ fn a_process_killed_mid_import_leaves_a_store_the_next_import_accepts() {
     );
 }
 
+/// Ctrl-C (SIGINT) or SIGTERM while chunks are written stops the import, removes what it
+/// staged, and removes the store it made: the store is as it was, which here is none.
+#[test]
+fn an_interrupted_import_into_a_new_store_leaves_no_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big.safetensors");
+    let tensors: Vec<T> = (0..16)
+        .map(|i| {
+            T(
+                Box::leak(format!("layer.{i}.weight").into_boxed_str()),
+                safetensors::Dtype::U8,
+                vec![32 << 20],
+                bytes(32 << 20, i as u8),
+            )
+        })
+        .collect();
+    fs::write(&src, safetensors_file(&tensors, None)).unwrap();
+    let mut interrupted = 0;
+    for (round, signal) in [libc::SIGINT, libc::SIGTERM].into_iter().enumerate() {
+        let store = dir.path().join(format!("store-{round}"));
+        let child = tensorfs()
+            .args(["--store", store.to_str().unwrap(), "import"])
+            .arg(&src)
+            .args(["--name", "local/big"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Once it writes chunks (a temp file in tmp/), its handlers are in place.
+        let start = std::time::Instant::now();
+        while !fs::read_dir(store.join("tmp")).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
+        }) {
+            assert!(
+                start.elapsed().as_secs() < 30,
+                "the import never wrote a chunk"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        // SAFETY: a signal to the child we spawned.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            // It finished first: nothing to check this round.
+            continue;
+        }
+        interrupted += 1;
+        assert!(said.contains("interrupted"), "signal {signal}: {said}");
+        assert!(
+            !store.exists(),
+            "signal {signal}: the new store is removed: {said}"
+        );
+    }
+    assert!(interrupted > 0, "no import was interrupted");
+}
+
 #[test]
 fn output_to_a_closed_pipe_ends_quietly() {
     use std::os::fd::FromRawFd;

@@ -264,6 +264,16 @@ fn a_blob_damaged_or_removed_after_it_was_served_is_eio() {
     drop_cached_pages(&file);
     let err = fs::read(&file).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+
+    // A FIFO in the blob's place is EIO at once: opening it must not wait for a writer (the
+    // request thread would hang, and with it the mount).
+    let c_path = CString::new(blob.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    drop_cached_pages(&file);
+    let err = fs::read(&file).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(fs::read(m.path("local/x/latest/bf16/README.md")).is_ok());
     m.unmount();
 }
 

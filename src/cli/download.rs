@@ -31,7 +31,8 @@ pub struct Args {
         long,
         env = "TENSORFS_ENDPOINT",
         hide_env_values = true,
-        value_name = "URL"
+        value_name = "URL",
+        value_parser = super::parse_endpoint
     )]
     pub endpoint: String,
     /// A bearer token, sent to the endpoint's origin only.

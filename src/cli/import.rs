@@ -3,6 +3,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -61,7 +62,29 @@ impl Progress for Bar {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    stop_on_signals();
     cli.with_new_store(|store| run_in(store, args))
+}
+
+/// Set by the first SIGINT or SIGTERM: the import stops, removes what it staged (and a store
+/// it made), and exits; a second signal ends the process at once (the handler resets itself).
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn stop(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn stop_on_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = stop as *const () as usize;
+            action.sa_flags = libc::SA_RESETHAND | libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
 }
 
 fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
@@ -81,6 +104,7 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
     }
     config.converter = args.converter.clone();
     config.hub = args.hf_id.clone();
+    config.cancel = Some(&STOP);
     let progress = Bar(bar);
     let report = import(store, &args.sources, &args.name, &config, &progress);
     if let Some(bar) = &progress.0 {

@@ -44,7 +44,8 @@ fn nothing_imported(root: &std::path::Path) -> String {
 
 pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
     let root = cli.store_root()?;
-    if !root.exists() {
+    let empty_folder = std::fs::read_dir(&root).is_ok_and(|mut d| d.next().is_none());
+    if !root.exists() || empty_folder {
         // No store yet is an empty listing, not a mistake (a mistyped path is one only for
         // verbs that name something in it).
         if args.json {

@@ -81,8 +81,10 @@ pub struct UnmountArgs {
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     // A mount of the store alone needs it to exist (a mistyped path is an error, not an empty
     // mount). Over an endpoint the store is where fetched objects are kept: made when absent,
-    // as `download` does.
-    let store = if args.endpoint.is_some() {
+    // as `download` does. An empty TENSORFS_ENDPOINT is no endpoint, as an empty token is no
+    // token.
+    let endpoint = args.endpoint.as_deref().filter(|e| !e.is_empty());
+    let store = if endpoint.is_some() {
         cli.open_store()?
     } else {
         cli.existing_store()?
@@ -102,11 +104,11 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &view_dir {
         crate::views::claim(dir).with_context(|| format!("the views' folder {}", dir.display()))?;
     }
-    let remote = args.endpoint.as_ref().map(|endpoint| LazyConfig {
+    let remote = endpoint.map(|endpoint| LazyConfig {
         token: args.token.clone().filter(|t| !t.is_empty()),
         repos: args.repos.clone(),
         fetch_deadline: args.fetch_deadline,
-        ..LazyConfig::new(endpoint.clone())
+        ..LazyConfig::new(endpoint.to_owned())
     });
     if args.foreground {
         let mut config = MountConfig {

@@ -30,7 +30,8 @@ pub struct Args {
         long,
         env = "TENSORFS_ENDPOINT",
         hide_env_values = true,
-        value_name = "URL"
+        value_name = "URL",
+        value_parser = super::parse_endpoint
     )]
     pub endpoint: String,
     /// A bearer token, sent to the endpoint's origin only.
@@ -50,13 +51,15 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    // The local store first: opening a file:// endpoint to write makes a store there, which a
+    // failure to find the local one must not leave behind.
+    let store = cli.existing_store()?;
     let endpoint = connect::open(
         &args.endpoint,
         args.token.clone(),
         Access::Write,
         ClientConfig::default(),
     )?;
-    let store = cli.existing_store()?;
     let progress = Arc::new(Bar::new("uploading"));
     let config = UploadConfig {
         jobs: args.jobs.max(1),

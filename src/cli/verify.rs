@@ -7,7 +7,6 @@
 //! are the ones to import or download again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,9 +16,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::target::resolve;
 use super::{count, human, Cli};
-use crate::format::ObjectRef;
-use crate::store::hash_file;
+use crate::format::{ObjectRef, Sha256};
 use crate::store::Store;
+use crate::store::{hash_file, open_blob};
 use crate::sync::lock;
 
 /// Arguments of `verify`.
@@ -36,61 +35,74 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let store = cli.existing_store()?;
     let mut problems: Vec<String> = Vec::new();
-    // The commits to check for completeness.
-    let mut commits: Vec<(String, ObjectRef)> = Vec::new();
+    // The commits to check for completeness, with the repo naming each (none for a bare
+    // `sha256:` reference).
+    let mut commits: Vec<(Option<String>, ObjectRef)> = Vec::new();
     match &args.reference {
         Some(reference) => {
             for t in resolve(&store, reference, None)? {
-                commits.push((
-                    format!("{}/{}", t.repo.as_deref().unwrap_or("-"), t.lane),
-                    t.commit,
-                ));
+                commits.push((t.repo.clone(), t.commit));
             }
         }
         None => {
             for repo in store.repos()? {
                 for c in repo.roots() {
-                    commits.push((repo.name.clone(), *c));
+                    commits.push((Some(repo.name.clone()), *c));
                 }
             }
         }
     }
     // Which models use each object, so a damage names them and not only its blob.
-    let mut users: BTreeMap<ObjectRef, BTreeSet<String>> = BTreeMap::new();
+    // By digest: a blob listed from `blobs/` has the length its file has now, which damage
+    // may have changed.
+    let mut users: BTreeMap<Sha256, BTreeSet<String>> = BTreeMap::new();
+    let mut wanted: BTreeSet<ObjectRef> = BTreeSet::new();
     let mut incomplete: Vec<String> = Vec::new();
-    for (owner, id) in &commits {
+    // Something at the blob's path, whole or not: what is there is hashed (and found damaged
+    // when it is not the object); only what is not there at all is missing.
+    let present = |o: &ObjectRef| std::fs::symlink_metadata(store.object_path(o)).is_ok();
+    for (repo, id) in &commits {
+        // A model is its repo and lane (`local/minilm/f32`), or the commit alone.
+        let owner = |lane: Option<&str>| match (repo, lane) {
+            (Some(repo), Some(lane)) => format!("{repo}/{lane}"),
+            (Some(repo), None) => repo.clone(),
+            (None, _) => format!("commit {}", id.id()),
+        };
         match closure(&store, id) {
-            Ok(objects) => {
-                let missing: Vec<&ObjectRef> =
-                    objects.iter().filter(|o| !store.contains(o)).collect();
+            Ok((lane, objects)) => {
+                let owner = owner(lane.as_deref());
+                let label = match repo {
+                    Some(_) => format!("{owner} commit {}", id.id()),
+                    None => owner.clone(),
+                };
+                let missing: Vec<&ObjectRef> = objects.iter().filter(|o| !present(o)).collect();
                 if !missing.is_empty() {
                     incomplete.push(format!(
-                        "{owner} commit {} lacks {} (first: {})",
-                        id.id(),
+                        "{label} lacks {} (first: {})",
                         count(missing.len(), "object"),
                         missing[0]
                     ));
                 }
                 for o in objects {
-                    users.entry(o).or_default().insert(owner.clone());
+                    users.entry(o.sha256).or_default().insert(owner.clone());
+                    wanted.insert(o);
                 }
             }
-            Err(e) => incomplete.push(format!("{owner} commit {}: {e:#}", id.id())),
+            Err(e) => incomplete.push(match repo {
+                Some(repo) => format!("{repo} commit {}: {e:#}", id.id()),
+                None => format!("commit {}: {e:#}", id.id()),
+            }),
         }
     }
     // What to hash: the closure of REF, or every blob.
     let blobs: Vec<ObjectRef> = match &args.reference {
-        Some(_) => users
-            .keys()
-            .filter(|o| store.contains(o))
-            .copied()
-            .collect(),
+        Some(_) => wanted.iter().filter(|o| present(o)).copied().collect(),
         None => store.blobs()?,
     };
     let bad = hash_all(&store, &blobs);
     for object in &bad {
         let path = store.object_path(object);
-        let used_by = match users.get(object) {
+        let used_by = match users.get(&object.sha256) {
             Some(names) => format!(
                 "used by {}",
                 names.iter().cloned().collect::<Vec<_>>().join(", ")
@@ -99,8 +111,8 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         };
         let repair = if args.repair {
             match store.remove_damaged(object)? {
-                Some(_) => "; removed: import or download those models again to restore it",
-                None => "; not removed: it is intact now (replaced meanwhile)",
+                true => "; removed: import or download those models again to restore it",
+                false => "; not removed: it is intact now (replaced meanwhile)",
             }
         } else {
             "; run `tensorfs verify --repair` to remove it, then import or download those \
@@ -129,13 +141,13 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::FAILURE)
 }
 
-/// A commit's closure (spec §7): the tree, its files, its header's chunks and assets.
-fn closure(store: &Store, id: &ObjectRef) -> anyhow::Result<Vec<ObjectRef>> {
+/// A commit's lane and closure (spec §7): the tree, its files, its header's chunks and assets.
+fn closure(store: &Store, id: &ObjectRef) -> anyhow::Result<(Option<String>, Vec<ObjectRef>)> {
     let commit = store.commit(id)?;
     let mut out = vec![*id];
     out.extend(commit.tree.files.values().copied());
     out.extend(commit.header.objects().copied());
-    Ok(out)
+    Ok((commit.tree.lane.clone(), out))
 }
 
 /// Hashes `blobs` on every core; returns the damaged ones.
@@ -157,7 +169,7 @@ fn hash_all(store: &Store, blobs: &[ObjectRef]) -> Vec<ObjectRef> {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(object) = blobs.get(i) else { break };
-                let ok = fs::File::open(store.object_path(object))
+                let ok = open_blob(&store.object_path(object))
                     .and_then(|f| hash_file(&f))
                     .is_ok_and(|found| found == *object);
                 if !ok {

@@ -17,8 +17,8 @@ use crate::sync::{lock, read, write};
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 /// What the repair of a damaged store is, for error logs.
-const REPAIR: &str =
-    "run `tensorfs verify --repair` to remove damaged blobs, then import or download the model again";
+const REPAIR: &str = "; run `tensorfs verify --repair` to remove damaged blobs, then import or \
+                      download the model again";
 
 impl TensorFs {
     /// The current refs, re-read first when the check interval passed and they changed.
@@ -122,11 +122,14 @@ impl TensorFs {
             return;
         }
         reported.insert(key, now);
-        // A damaged blob's error already says how to repair it: advise once per line.
+        // A damaged blob's error already says how to repair it: advise once per line. A missing
+        // blob has nothing to remove: it is imported or downloaded again.
         let text = err.to_string();
-        match err.is_local_damage() && !text.contains("verify --repair") {
-            true => tracing::error!(errno = err.errno(), "{text}; answering EIO; {REPAIR}"),
-            false => tracing::error!(errno = err.errno(), "{text}; answering EIO"),
-        }
+        let advice = match err.is_local_damage() && !text.contains("verify --repair") {
+            false => "",
+            true if err.is_missing_object() => "; import or download the model again",
+            true => REPAIR,
+        };
+        tracing::error!(errno = err.errno(), "{text}; answering EIO{advice}");
     }
 }

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -226,6 +226,7 @@ pub(crate) fn write(
     jobs: &[ChunkJob],
     threads: usize,
     progress: &(dyn Fn(u64) + Sync),
+    cancel: Option<&AtomicBool>,
 ) -> Result<Vec<Staged>, ImportError> {
     let changed = |path: &Path| ImportError::source(path, "the file changed while it was imported");
     let opened = files
@@ -249,7 +250,7 @@ pub(crate) fn write(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(job) = jobs.get(i) else { break };
-                    let result = write_one(store, files, &opened, job, &mut buf);
+                    let result = write_one(store, files, &opened, job, &mut buf, cancel);
                     if result.is_ok() {
                         progress(job.length);
                     }
@@ -300,6 +301,7 @@ fn write_one(
     opened: &[File],
     job: &ChunkJob,
     buf: &mut [u8],
+    cancel: Option<&AtomicBool>,
 ) -> Result<Staged, ImportError> {
     let mut writer = store.writer()?;
     let store_io = |e| {
@@ -327,6 +329,9 @@ fn write_one(
         let file = &opened[index];
         let mut done = 0;
         while done < piece.length {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(ImportError::Interrupted);
+            }
             let n = (piece.length - done).min(buf.len() as u64) as usize;
             file.read_exact_at(&mut buf[..n], file_offset + done)
                 .map_err(|e| {

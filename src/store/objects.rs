@@ -92,31 +92,41 @@ impl Store {
 
     /// Removes `object`'s blob if its bytes are not the object (`verify --repair`): it is hashed
     /// again, under the collector's fence, and removed only when the damaged file is still the
-    /// one at its path (an import that meanwhile re-admitted a good copy keeps it). Returns
-    /// what the damaged file held, or `None` when the blob is absent or intact.
+    /// one at its path (an import that meanwhile re-admitted a good copy keeps it). Anything
+    /// but a regular file at a blob's path (a FIFO, a link, a device) is removed unread.
+    /// Returns whether something was removed (not when the blob is absent or intact).
     ///
     /// # Errors
     /// The blob cannot be read, or removing it fails.
-    pub fn remove_damaged(&self, object: &ObjectRef) -> StoreResult<Option<ObjectRef>> {
+    pub fn remove_damaged(&self, object: &ObjectRef) -> StoreResult<bool> {
         use std::os::unix::fs::MetadataExt;
         let _fence = self.fence()?;
         let path = self.object_path(object);
-        let file = match File::open(&path) {
+        match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_err("stat", &path)(e)),
+            Ok(meta) if !meta.is_file() => {
+                fs::remove_file(&path).map_err(io_err("remove", &path))?;
+                return Ok(true);
+            }
+            Ok(_) => {}
+        }
+        let file = match super::open_blob(&path) {
             Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(io_err("open", &path)(e)),
         };
         let found = hash_file(&file).map_err(io_err("read", &path))?;
         if found == *object {
-            return Ok(None);
+            return Ok(false);
         }
         let open = file.metadata().map_err(io_err("stat", &path))?;
         let now = fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
         if (open.dev(), open.ino()) != (now.dev(), now.ino()) {
-            return Ok(None);
+            return Ok(false);
         }
         fs::remove_file(&path).map_err(io_err("remove", &path))?;
-        Ok(Some(found))
+        Ok(true)
     }
 
     /// Flushes everything written to the store's filesystem (`syncfs`), so that directory
