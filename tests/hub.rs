@@ -2,8 +2,11 @@
 //! beside the refs, never in ids.
 
 mod common;
+mod skip;
 
 use std::fs;
+use std::path::Path;
+use std::process::Command;
 
 use common::*;
 
@@ -99,3 +102,63 @@ fn a_snapshot_folder_records_its_hub_id_and_revision_without_changing_ids() {
 fn snapshot_of(store: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
     snapshot(store)
 }
+
+/// A hub cache written by huggingface_hub itself (`tools/fixtures/hub_cache.py`: its
+/// `snapshot_download` against a loopback server speaking the hub's routes). Returns the
+/// fixture's JSON line: the commit, the snapshot folder and each file's etag.
+fn hub_cache(python: &Path, folder: &Path, repo: &str, cache: &Path) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/hub_cache.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg("--folder")
+        .arg(folder)
+        .args(["--repo", repo])
+        .arg("--cache")
+        .arg(cache)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "hub_cache.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap()
+}
+
+/// A snapshot of a real cache (files are links to `../../blobs/<etag>`) imports to the same
+/// commits as the folder it was made from, and records the hub id and commit.
+#[test]
+fn a_snapshot_of_a_cache_huggingface_hub_wrote_imports_as_its_source_with_its_identity() {
+    let Some(python) = std::env::var_os("TENSORFS_TEST_PYTHON") else {
+        skip::missing("TENSORFS_TEST_PYTHON is not set (a venv with huggingface_hub)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    let cache = dir.path().join("cache");
+    let made = hub_cache(Path::new(&python), &src, "acme/tiny-bert", &cache);
+    let commit = made["commit"].as_str().unwrap();
+    let snapshot = Path::new(made["snapshot"].as_str().unwrap());
+    assert!(
+        fs::symlink_metadata(snapshot.join("config.json"))
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "huggingface_hub links snapshot files to blobs"
+    );
+    let store = dir.path().join("store");
+    let plain = ok(&store, &["import", src.to_str().unwrap(), "--name", "local/plain"]);
+    let cached = ok(
+        &store,
+        &["import", snapshot.to_str().unwrap(), "--name", "local/cached"],
+    );
+    assert_eq!(commits(&plain), commits(&cached));
+    assert!(cached.contains("nothing new stored"), "{cached}");
+    assert!(
+        cached.contains(&format!("recorded as hub repo acme/tiny-bert@{commit}")),
+        "{cached}"
+    );
+}
+
