@@ -62,6 +62,30 @@ fn a_snapshot_folder_records_its_hub_id_and_revision_without_changing_ids() {
         commits(&from_snapshot).len()
     );
     assert!(!store.join("hub/local/a.json").exists());
+    // ls names each commit's hub identity (JSON: null where there is none).
+    let listed = ok(&store, &["ls"]);
+    let hub_line = format!("\thub acme/tiny-bert@{REV}");
+    assert!(
+        listed
+            .lines()
+            .filter(|l| l.starts_with("local/b/"))
+            .all(|l| l.ends_with(&hub_line)),
+        "{listed}"
+    );
+    assert!(
+        listed.lines().any(|l| l.starts_with("local/b/")),
+        "{listed}"
+    );
+    assert!(!listed
+        .lines()
+        .any(|l| l.starts_with("local/a/") && l.contains("hub")));
+    let rows: serde_json::Value = serde_json::from_str(&ok(&store, &["ls", "--json"])).unwrap();
+    for row in rows.as_array().unwrap() {
+        match row["repo"].as_str().unwrap() {
+            "local/b" => assert_eq!(row["hub"], format!("acme/tiny-bert@{REV}")),
+            _ => assert!(row["hub"].is_null(), "{row}"),
+        }
+    }
 
     // --hf-id names any source; a bad one is refused before anything is written.
     let said = ok(
@@ -149,10 +173,18 @@ fn a_snapshot_of_a_cache_huggingface_hub_wrote_imports_as_its_source_with_its_id
         "huggingface_hub links snapshot files to blobs"
     );
     let store = dir.path().join("store");
-    let plain = ok(&store, &["import", src.to_str().unwrap(), "--name", "local/plain"]);
+    let plain = ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/plain"],
+    );
     let cached = ok(
         &store,
-        &["import", snapshot.to_str().unwrap(), "--name", "local/cached"],
+        &[
+            "import",
+            snapshot.to_str().unwrap(),
+            "--name",
+            "local/cached",
+        ],
     );
     assert_eq!(commits(&plain), commits(&cached));
     assert!(cached.contains("nothing new stored"), "{cached}");
@@ -161,4 +193,3 @@ fn a_snapshot_of_a_cache_huggingface_hub_wrote_imports_as_its_source_with_its_id
         "{cached}"
     );
 }
-

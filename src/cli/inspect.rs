@@ -55,6 +55,19 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let store = cli.existing_store()?;
+    // The hub identity of each commit that has one (`store::hub`): `ORG/NAME@REV`.
+    let mut hub_of = std::collections::HashMap::new();
+    for record in store.hub_records()? {
+        for rev in &record.revisions {
+            let id = match &rev.revision {
+                Some(r) => format!("{}@{r}", record.hub_id),
+                None => record.hub_id.clone(),
+            };
+            for c in &rev.commits {
+                hub_of.insert((record.repo.to_ascii_lowercase(), *c), id.clone());
+            }
+        }
+    }
     let mut rows = Vec::new();
     for repo in store.repos()? {
         let revs = match revisions(&store, &repo) {
@@ -66,7 +79,8 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
         };
         for (revision, lanes) in revs {
             for (lane, commit) in lanes {
-                rows.push(json!({"repo": repo.name, "revision": revision, "lane": lane, "commit": commit.id()}));
+                let hub = hub_of.get(&(repo.name.to_ascii_lowercase(), commit));
+                rows.push(json!({"repo": repo.name, "revision": revision, "lane": lane, "commit": commit.id(), "hub": hub}));
             }
         }
     }
@@ -77,8 +91,11 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         for r in &rows {
+            let hub = r["hub"]
+                .as_str()
+                .map_or(String::new(), |h| format!("\thub {h}"));
             println!(
-                "{}/{}/{}\t{}",
+                "{}/{}/{}\t{}{hub}",
                 r["repo"].as_str().unwrap_or(""),
                 r["revision"].as_str().unwrap_or(""),
                 r["lane"].as_str().unwrap_or(""),
