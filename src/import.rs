@@ -549,6 +549,12 @@ fn nothing_to_import(path: &Path, source: &scan::Source) -> ImportError {
             "; {nested} is in a subfolder: import the folder that holds the model"
         ));
     }
+    // Weights that are there but no regular file (a link to a device, a FIFO).
+    if let Some(special) = source.skipped.iter().find(|p| p.ends_with(".safetensors")) {
+        why.push_str(&format!(
+            "; {special} is not a regular file (a FIFO, a device, or a link to one)"
+        ));
+    }
     ImportError::source(path, why)
 }
 

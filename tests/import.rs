@@ -683,6 +683,25 @@ fn an_interrupted_import_into_a_new_store_leaves_no_store() {
     assert!(interrupted > 0, "no import was interrupted");
 }
 
+/// Weights that are no regular file (a link to /dev/zero) are named as such, not only "no
+/// weights".
+#[test]
+fn weights_that_are_a_link_to_a_device_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("config.json"), b"{}").unwrap();
+    std::os::unix::fs::symlink("/dev/zero", src.join("model.safetensors")).unwrap();
+    let said = fails(
+        &dir.path().join("store"),
+        &["import", src.to_str().unwrap(), "--name", "local/z"],
+    );
+    assert!(
+        said.contains("model.safetensors is not a regular file"),
+        "{said}"
+    );
+}
+
 #[test]
 fn output_to_a_closed_pipe_ends_quietly() {
     use std::os::fd::FromRawFd;
