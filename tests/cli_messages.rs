@@ -55,18 +55,39 @@ fn ls_before_any_import_says_how_to_start() {
     assert_eq!(ok(&store, &["ls", "--json"]).trim(), "[]");
 }
 
+/// The small Transformers folder imported as `local/one` into a new store under `dir`:
+/// the folder, the store, and what `import` said.
+fn imported_tiny(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let src = dir.join("src");
+    transformers_folder(&src);
+    let store = dir.join("store");
+    let said = ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/one"],
+    );
+    (src, store, said)
+}
+
+/// The largest blob of `store` (the weights' chunk of a small import).
+fn largest_blob(store: &std::path::Path) -> std::path::PathBuf {
+    let mut blobs: Vec<(u64, std::path::PathBuf)> = Vec::new();
+    for a in fs::read_dir(store.join("blobs")).unwrap() {
+        for b in fs::read_dir(a.unwrap().path()).unwrap() {
+            for e in fs::read_dir(b.unwrap().path()).unwrap() {
+                let e = e.unwrap();
+                blobs.push((e.metadata().unwrap().len(), e.path()));
+            }
+        }
+    }
+    blobs.into_iter().max().expect("a blob").1
+}
+
 /// One commit under two repos is one commit; a damaged blob is named with the models that use
 /// it, once; `--repair` removes it through the store.
 #[test]
 fn verify_counts_commits_once_and_names_the_models_a_damage_hits() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    transformers_folder(&src);
-    let store = dir.path().join("store");
-    let said = ok(
-        &store,
-        &["import", src.to_str().unwrap(), "--name", "local/one"],
-    );
+    let (src, store, said) = imported_tiny(dir.path());
     assert!(said.contains("stored "), "{said}");
     assert!(said.contains(" new objects ("), "{said}");
     assert!(said.contains("4 tensors ("), "{said}");
@@ -85,17 +106,8 @@ fn verify_counts_commits_once_and_names_the_models_a_damage_hits() {
     );
 
     // Damage the weights' chunk: the largest blob.
-    let mut blobs: Vec<(u64, std::path::PathBuf)> = Vec::new();
-    for a in fs::read_dir(store.join("blobs")).unwrap() {
-        for b in fs::read_dir(a.unwrap().path()).unwrap() {
-            for e in fs::read_dir(b.unwrap().path()).unwrap() {
-                let e = e.unwrap();
-                blobs.push((e.metadata().unwrap().len(), e.path()));
-            }
-        }
-    }
-    blobs.sort();
-    let (len, path) = blobs.last().unwrap().clone();
+    let path = largest_blob(&store);
+    let len = fs::metadata(&path).unwrap().len();
     let mut perms = fs::metadata(&path).unwrap().permissions();
     #[allow(clippy::permissions_set_readonly_false)]
     perms.set_readonly(false);
@@ -206,31 +218,14 @@ fn mkfifo(path: &std::path::Path) {
 #[test]
 fn verify_names_a_fifo_or_device_in_a_blobs_place_without_hanging() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    transformers_folder(&src);
-    let store = dir.path().join("store");
-    let said = ok(
-        &store,
-        &["import", src.to_str().unwrap(), "--name", "local/one"],
-    );
+    let (src, store, said) = imported_tiny(dir.path());
     let commit = said
         .lines()
         .find_map(|l| l.split('@').nth(1)?.split(' ').next().map(str::to_owned))
         .unwrap();
     // The weights' chunk becomes a FIFO, the README's blob a link to /dev/zero.
     let blob_of = |bytes: &[u8]| store.join(tensorfs::format::ObjectRef::of(bytes).blob_path());
-    let mut blobs: Vec<std::path::PathBuf> = Vec::new();
-    for a in fs::read_dir(store.join("blobs")).unwrap() {
-        for b in fs::read_dir(a.unwrap().path()).unwrap() {
-            for e in fs::read_dir(b.unwrap().path()).unwrap() {
-                blobs.push(e.unwrap().path());
-            }
-        }
-    }
-    let chunk = blobs
-        .into_iter()
-        .max_by_key(|p| fs::metadata(p).unwrap().len())
-        .unwrap();
+    let chunk = largest_blob(&store);
     let readme = blob_of(&fs::read(src.join("README.md")).unwrap());
     let (fifo, device) = (&chunk, &readme);
     fs::remove_file(fifo).unwrap();

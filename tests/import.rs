@@ -576,22 +576,29 @@ fn a_diffusers_folder_imports_as_one_lane_per_variant() {
     );
 }
 
-#[test]
-fn a_process_killed_mid_import_leaves_a_store_the_next_import_accepts() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let src = dir.path().join("big.safetensors");
-    let tensors: Vec<T> = (0..12)
+/// `big.safetensors` in `dir`: `count` U8 tensors of `mib` MiB each, large enough that an
+/// import is still writing chunks when a test stops it.
+fn big_file(dir: &Path, count: usize, mib: usize) -> std::path::PathBuf {
+    let src = dir.join("big.safetensors");
+    let tensors: Vec<T> = (0..count)
         .map(|i| {
             T(
                 Box::leak(format!("layer.{i}.weight").into_boxed_str()),
                 safetensors::Dtype::U8,
-                vec![24 << 20],
-                bytes(24 << 20, i as u8),
+                vec![mib << 20],
+                bytes(mib << 20, i as u8),
             )
         })
         .collect();
     fs::write(&src, safetensors_file(&tensors, None)).unwrap();
+    src
+}
+
+#[test]
+fn a_process_killed_mid_import_leaves_a_store_the_next_import_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let src = big_file(dir.path(), 12, 24);
     for delay_ms in [50, 200, 600] {
         let mut child = tensorfs()
             .args([
@@ -631,18 +638,7 @@ fn a_process_killed_mid_import_leaves_a_store_the_next_import_accepts() {
 #[test]
 fn an_interrupted_import_into_a_new_store_leaves_no_store() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("big.safetensors");
-    let tensors: Vec<T> = (0..16)
-        .map(|i| {
-            T(
-                Box::leak(format!("layer.{i}.weight").into_boxed_str()),
-                safetensors::Dtype::U8,
-                vec![32 << 20],
-                bytes(32 << 20, i as u8),
-            )
-        })
-        .collect();
-    fs::write(&src, safetensors_file(&tensors, None)).unwrap();
+    let src = big_file(dir.path(), 16, 32);
     let mut interrupted = 0;
     for (round, signal) in [libc::SIGINT, libc::SIGTERM].into_iter().enumerate() {
         let store = dir.path().join(format!("store-{round}"));

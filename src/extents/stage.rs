@@ -325,14 +325,12 @@ impl Stager {
     ) -> Result<StageStats, StageError> {
         let plan = self.plan(located)?;
         let buffers = self.ring.buffer_count();
-        let queue_depth = self.ring.entries();
         let mut run = Run {
             batch: self.ring.batch(),
             remaining: plan.fills.iter().map(|f| f.reads.len()).collect(),
             located,
             plan,
             buffers,
-            queue_depth,
             queue: VecDeque::new(),
             stats: StageStats::default(),
         };
@@ -474,7 +472,6 @@ struct Run<'a> {
     located: &'a Located,
     plan: Plan,
     buffers: usize,
-    queue_depth: usize,
     /// Reads of each fill not yet complete.
     remaining: Vec<usize>,
     /// Reads to submit (indices into the plan's reads), the rest of short reads first.
@@ -524,9 +521,9 @@ impl Run<'_> {
         }
     }
 
-    /// Pushes queued reads while fewer than `queue_depth` are in flight.
+    /// Pushes queued reads while fewer than `queue_depth` are in flight (the ring's size).
     fn submit(&mut self) -> Result<(), StageError> {
-        while self.batch.in_flight() < self.queue_depth {
+        while self.batch.has_room() {
             let Some(&i) = self.queue.front() else { break };
             let op = &self.plan.ops[i];
             let rest = (op.length - op.done) as u32;

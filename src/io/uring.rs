@@ -116,7 +116,8 @@ impl Ring {
     /// The ring cannot be set up (`ENOSYS` without io_uring, `EPERM` where it is disabled).
     pub fn new(entries: u32, buffers: Buffers, register: bool) -> io::Result<Ring> {
         let uring = IoUring::new(entries.max(1))?;
-        let entries = uring.params().sq_entries() as usize;
+        // The kernel rounds the queue up to a power of two; the bound is what was asked for.
+        let entries = (entries.max(1) as usize).min(uring.params().sq_entries() as usize);
         let mut ring = Ring {
             uring,
             buffers,
@@ -145,7 +146,8 @@ impl Ring {
         Ok(ring)
     }
 
-    /// The most reads in flight at once (the submission queue's size).
+    /// The most reads in flight at once (the `entries` asked for; the submission queue holds
+    /// at least as many).
     pub fn entries(&self) -> usize {
         self.entries
     }
@@ -258,16 +260,6 @@ impl Batch<'_> {
     /// Whether no read of this batch is in flight.
     pub fn idle(&self) -> bool {
         self.ring.in_flight == 0
-    }
-
-    /// Reads in flight.
-    pub fn in_flight(&self) -> usize {
-        self.ring.in_flight
-    }
-
-    /// Whether the ring's buffers are registered.
-    pub fn fixed(&self) -> bool {
-        self.ring.fixed
     }
 
     /// Ring buffer `slot`'s bytes, or `None` while a read into it is in flight.
