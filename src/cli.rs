@@ -2,6 +2,7 @@
 
 mod download;
 mod export;
+mod hf_cache;
 mod import;
 mod inspect;
 mod locate;

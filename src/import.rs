@@ -23,6 +23,7 @@
 pub mod chunks;
 mod convention;
 mod gguf;
+pub mod hub_cache;
 mod lane;
 mod model;
 mod scan;
@@ -38,7 +39,7 @@ use crate::format::{
 };
 use crate::layout::recipe::SOURCE_FILES;
 use crate::layout::FILE_METADATA;
-use crate::store::hub::HubId;
+use crate::store::hub::{HubId, HubRevision, TreeEntry};
 use crate::store::{Staged, Store, StoreError};
 use convention::Item;
 
@@ -164,6 +165,11 @@ pub struct ImportConfig {
     /// that is one hub cache snapshot folder (`…/models--ORG--NAME/snapshots/<commit>`) names
     /// its own. Recorded beside the refs ([`crate::store::hub`]); ids do not change.
     pub hub: Option<HubId>,
+    /// The hub cache ref names that point at [`ImportConfig::hub`]'s revision, recorded with
+    /// it (`import --hf-cache`).
+    pub hub_refs: Vec<String>,
+    /// The hub revision's file listing, recorded with it (`import --hf-cache`).
+    pub hub_files: Option<BTreeMap<String, TreeEntry>>,
     /// Set (by a signal handler, say) to stop the import: chunk writing stops within one read
     /// of at most a few MiB, the staged objects are removed, and the import fails with
     /// [`ImportError::Interrupted`], leaving the store as it was.
@@ -176,6 +182,8 @@ impl Default for ImportConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             converter: None,
             hub: None,
+            hub_refs: Vec::new(),
+            hub_files: None,
             cancel: None,
         }
     }
@@ -433,7 +441,12 @@ pub fn import(
     let (new_objects, new_bytes) = publish(store, staged, name, &trees)?;
     // The commits are in: a record that cannot be written is a warning, not a failed import.
     if let Some(hub) = &hub {
-        if let Err(e) = store.record_hub(name, hub, &trees) {
+        let revision = HubRevision {
+            files: config.hub_files.clone(),
+            refs: config.hub_refs.clone(),
+            ..HubRevision::new(hub.revision.clone(), trees.clone())
+        };
+        if let Err(e) = store.record_hub(name, &hub.id, revision) {
             warnings.push(format!("the hub identity {hub} was not recorded: {e}"));
         }
     }

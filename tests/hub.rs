@@ -193,3 +193,191 @@ fn a_snapshot_of_a_cache_huggingface_hub_wrote_imports_as_its_source_with_its_id
         "{cached}"
     );
 }
+
+/// The blob a snapshot file links to (`../../blobs/<etag>`).
+fn blob_of(snapshot: &Path, file: &str) -> std::path::PathBuf {
+    let link = snapshot.join(file);
+    let target = fs::read_link(&link).unwrap();
+    link.parent().unwrap().join(target)
+}
+
+/// Every path under `root` (links not followed) with its kind, size, mtime and bytes: what a
+/// reader of the cache would see changed.
+fn cache_state(root: &Path) -> Vec<(String, u64, i64, Vec<u8>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap().flatten() {
+            let meta = fs::symlink_metadata(e.path()).unwrap();
+            let bytes = match meta.file_type() {
+                t if t.is_dir() => {
+                    stack.push(e.path());
+                    Vec::new()
+                }
+                t if t.is_symlink() => fs::read_link(e.path())
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes(),
+                _ => fs::read(e.path()).unwrap(),
+            };
+            let rel = e.path().strip_prefix(root).unwrap().display().to_string();
+            out.push((
+                rel,
+                meta.size(),
+                meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+                bytes,
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `import --hf-cache`: every model snapshot of a cache huggingface_hub wrote, each file
+/// checked against its etag and the tree listing; a damaged, a partial and a dangling snapshot
+/// are skipped naming the file while the rest is imported; a second run reads nothing; the
+/// cache is never written.
+#[test]
+fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
+    let Some(python) = std::env::var_os("TENSORFS_TEST_PYTHON") else {
+        skip::missing("TENSORFS_TEST_PYTHON is not set (a venv with huggingface_hub)");
+        return;
+    };
+    let python = Path::new(&python);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let mut made = std::collections::BTreeMap::new();
+    for (i, repo) in [
+        "acme/good",
+        "acme/damaged",
+        "acme/partial",
+        "acme/dangling",
+        "solo",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let src = dir.path().join(format!("src{i}"));
+        transformers_folder(&src);
+        // Each repo's own README, so the caches differ.
+        fs::write(src.join("README.md"), format!("# {repo}\n")).unwrap();
+        made.insert(*repo, hub_cache(python, &src, repo, &cache));
+    }
+    let snapshot = |repo: &str| Path::new(made[repo]["snapshot"].as_str().unwrap()).to_path_buf();
+    // Damaged: one byte of the weights' blob flipped (its etag is the SHA-256).
+    let weights = blob_of(&snapshot("acme/damaged"), "model.safetensors");
+    let mut bytes = fs::read(&weights).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    fs::write(&weights, bytes).unwrap();
+    // Partial: a file the tree listing names is not in the snapshot.
+    fs::remove_file(snapshot("acme/partial").join("vocab.txt")).unwrap();
+    // Dangling: the blob behind a link is gone.
+    fs::remove_file(blob_of(&snapshot("acme/dangling"), "tokenizer.json")).unwrap();
+    // Not models: a dataset repo, and huggingface_hub's own folders.
+    fs::create_dir_all(cache.join("datasets--acme--data/snapshots")).unwrap();
+    let before = cache_state(&cache);
+
+    let store = dir.path().join("store");
+    let out = run(&store, &["import", "--hf-cache", cache.to_str().unwrap()]);
+    let (said, errors) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{said}\n{errors}");
+    let good = made["acme/good"]["commit"].as_str().unwrap();
+    assert!(
+        said.contains(&format!("acme/good@{good} → local/acme--good imported")),
+        "{said}"
+    );
+    assert!(
+        said.contains("solo@") && said.contains("→ local/solo imported"),
+        "{said}"
+    );
+    for (repo, file, what) in [
+        (
+            "acme/damaged",
+            "model.safetensors",
+            "damaged: its SHA-256 is",
+        ),
+        (
+            "acme/partial",
+            "",
+            "partial: 1 of the 6 files its tree listing names is missing (vocab.txt)",
+        ),
+        ("acme/dangling", "tokenizer.json", "a dangling link"),
+    ] {
+        let line = errors
+            .lines()
+            .find(|l| l.contains(&format!("skipped {repo}@")))
+            .unwrap_or_else(|| panic!("{repo} not skipped:\n{errors}"));
+        assert!(line.contains(what), "{line}");
+        let named = match file {
+            "" => snapshot(repo),
+            file => snapshot(repo).join(file),
+        };
+        assert!(line.contains(&format!("{}: ", named.display())), "{line}");
+    }
+    assert!(
+        errors.contains("datasets--acme--data: a dataset repo, not a model"),
+        "{errors}"
+    );
+    assert!(
+        said.contains("5 snapshots of 5 model repos")
+            && said.contains("2 imported, 0 up to date, 3 skipped"),
+        "{said}"
+    );
+    assert_eq!(cache_state(&cache), before, "the cache is only read");
+    let listed = ok(&store, &["ls"]);
+    assert!(
+        listed.contains(&format!("hub acme/good@{good}")),
+        "{listed}"
+    );
+    for absent in ["damaged", "partial", "dangling"] {
+        assert!(!listed.contains(absent), "{listed}");
+    }
+    ok(&store, &["verify"]);
+
+    // Again: what was imported is up to date without reading a byte.
+    let again: serde_json::Value = serde_json::from_str(&ok(
+        &store,
+        &["import", "--hf-cache", cache.to_str().unwrap(), "--json"],
+    ))
+    .unwrap();
+    let summary = &again["summary"];
+    assert_eq!(
+        (
+            summary["imported"].as_u64(),
+            summary["up_to_date"].as_u64(),
+            summary["skipped"].as_u64()
+        ),
+        (Some(0), Some(2), Some(3)),
+        "{again}"
+    );
+    assert_eq!(summary["bytes_read"], 0, "{again}");
+    assert_eq!(summary["new_bytes"], 0, "{again}");
+    // A repaired snapshot is imported on the next run, and nothing else is.
+    fs::remove_dir_all(snapshot("acme/partial")).unwrap();
+    let src = dir.path().join("src2");
+    hub_cache(python, &src, "acme/partial", &cache);
+    let said = ok(&store, &["import", "--hf-cache", cache.to_str().unwrap()]);
+    assert!(
+        said.contains("1 imported, 2 up to date, 2 skipped"),
+        "{said}"
+    );
+
+    // The default cache is huggingface_hub's: HF_HUB_CACHE first.
+    let out = tensorfs()
+        .arg("--store")
+        .arg(&store)
+        .args(["import", "--hf-cache"])
+        .env("HF_HUB_CACHE", &cache)
+        .env("HF_HOME", dir.path().join("elsewhere"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("model repos in {}", cache.display())),
+        "{said}"
+    );
+}

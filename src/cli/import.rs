@@ -17,11 +17,23 @@ use crate::store::Store;
 pub struct Args {
     /// A Diffusers folder (with model_index.json), a Transformers folder, or .safetensors and
     /// .gguf files.
-    #[arg(required = true, value_name = "SRC")]
+    #[arg(required_unless_present = "hf_cache", value_name = "SRC")]
     pub sources: Vec<PathBuf>,
     /// The repo to add the commits to: local/<name>.
-    #[arg(long, value_name = "local/NAME")]
-    pub name: String,
+    #[arg(long, value_name = "local/NAME", required_unless_present = "hf_cache")]
+    pub name: Option<String>,
+    /// Import every model snapshot of a Hugging Face hub cache instead: each repo ORG/NAME
+    /// into local/ORG--NAME (or the local repo its hub id was recorded for), every file checked
+    /// against its etag first. DIR defaults to huggingface_hub's: $HF_HUB_CACHE,
+    /// $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub, $XDG_CACHE_HOME/huggingface/hub,
+    /// ~/.cache/huggingface/hub. The cache is only read.
+    #[arg(
+        long,
+        value_name = "DIR",
+        num_args = 0..=1,
+        conflicts_with_all = ["sources", "name", "hf_id"]
+    )]
+    pub hf_cache: Option<Option<PathBuf>>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -45,7 +57,7 @@ fn parse_hub_id(text: &str) -> Result<HubId, String> {
 }
 
 /// A progress bar on a terminal, nothing otherwise.
-struct Bar(Option<ProgressBar>);
+pub(super) struct Bar(pub(super) Option<ProgressBar>);
 
 impl Progress for Bar {
     fn start(&self, total_bytes: u64) {
@@ -63,12 +75,15 @@ impl Progress for Bar {
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     stop_on_signals();
-    cli.with_new_store(|store| run_in(store, args))
+    match &args.hf_cache {
+        Some(dir) => cli.with_new_store(|store| super::hf_cache::run(store, args, dir.as_deref())),
+        None => cli.with_new_store(|store| run_in(store, args)),
+    }
 }
 
 /// Set by the first SIGINT or SIGTERM: the import stops, removes what it staged (and a store
 /// it made), and exits; a second signal ends the process at once (the handler resets itself).
-static STOP: AtomicBool = AtomicBool::new(false);
+pub(super) static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn stop(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
@@ -87,17 +102,24 @@ fn stop_on_signals() {
     }
 }
 
+impl Bar {
+    /// A bar on standard error when it is a terminal, saying `{msg}` (set later) first.
+    pub(super) fn on_terminal(msg: &str) -> Bar {
+        Bar(std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {msg} {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} {eta}",
+                )
+                .expect("a valid template"),
+            );
+            bar.set_message(msg.to_owned());
+            bar
+        }))
+    }
+}
+
 fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} writing chunks {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} {eta}",
-            )
-            .expect("a valid template"),
-        );
-        bar
-    });
     let mut config = ImportConfig::default();
     if let Some(threads) = args.threads {
         config.threads = threads.max(1);
@@ -105,8 +127,12 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
     config.converter = args.converter.clone();
     config.hub = args.hf_id.clone();
     config.cancel = Some(&STOP);
-    let progress = Bar(bar);
-    let report = import(store, &args.sources, &args.name, &config, &progress);
+    let progress = Bar::on_terminal("writing chunks");
+    let name = args
+        .name
+        .as_deref()
+        .expect("clap requires --name without --hf-cache");
+    let report = import(store, &args.sources, name, &config, &progress);
     if let Some(bar) = &progress.0 {
         bar.finish_and_clear();
     }

@@ -8,14 +8,24 @@
 //! ```json
 //! {"format": "tensorfs.hub/1", "repo": "local/minilm", "hub_id": "sentence-transformers/all-MiniLM-L6-v2",
 //!  "revisions": [{"revision": "c9745ed1d9f207416be6d2e6f8de32d1f16199bf",
-//!                  "commits": [{"sha256": "…", "length": 1234}]}]}
+//!                  "commits": [{"sha256": "…", "length": 1234}],
+//!                  "refs": ["main"],
+//!                  "files": {"config.json": {"size": 612, "blob_id": "<git sha1>"},
+//!                            "model.safetensors": {"size": 90868376, "blob_id": "<git sha1>",
+//!                                                  "lfs_sha256": "<sha256>", "lfs_size": 90868376}}}]}
 //! ```
+//!
+//! `refs` (the hub cache's ref names that pointed at the revision) and `files` (the revision's
+//! file listing, in the shape of huggingface_hub's `trees/<commit>.json` entries) are written by
+//! `import --hf-cache` and absent otherwise. A ref names one revision: recording it for one
+//! removes it from the others.
 //!
 //! Why a record of our own: the repo document is rewritten by the reference, whose parser drops
 //! fields it does not know, and a hub id in a header's metadata would change header and commit
 //! ids. Revisions are listed oldest first; an import of a revision already recorded adds its
 //! commits to it and makes it the newest. A revision is `None` when the source named none.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
 
@@ -163,6 +173,49 @@ pub struct HubRevision {
     /// The commits (`{"sha256": "<hex>", "length": N}`), in import order.
     #[serde(with = "commit_ids")]
     pub commits: Vec<ObjectRef>,
+    /// The hub cache refs (`main`, `v1.0`, `refs/pr/1` as `pr/1`) that named this revision
+    /// when it was imported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refs: Vec<String>,
+    /// The revision's files by path, as the hub lists them; `None` when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<BTreeMap<String, TreeEntry>>,
+}
+
+impl HubRevision {
+    /// A revision with `commits` and nothing else known.
+    pub fn new(revision: Option<String>, commits: Vec<ObjectRef>) -> HubRevision {
+        HubRevision {
+            revision,
+            commits,
+            refs: Vec::new(),
+            files: None,
+        }
+    }
+}
+
+/// One file of a hub revision, as huggingface_hub's tree cache (`trees/<commit>.json`,
+/// `format_version` 1) and the hub's `/tree` route describe it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeEntry {
+    /// Bytes.
+    pub size: u64,
+    /// The git blob SHA-1 (40 hex) of the file, or of its LFS pointer for an LFS file.
+    pub blob_id: String,
+    /// An LFS file's SHA-256 (64 hex), its etag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lfs_sha256: Option<String>,
+    /// An LFS file's size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lfs_size: Option<u64>,
+}
+
+impl TreeEntry {
+    /// The etag huggingface_hub names the file's blob by: the SHA-256 for an LFS file, the
+    /// git blob SHA-1 otherwise.
+    pub fn etag(&self) -> &str {
+        self.lfs_sha256.as_deref().unwrap_or(&self.blob_id)
+    }
 }
 
 mod commit_ids {
@@ -236,39 +289,48 @@ impl Store {
         Ok(Some(record))
     }
 
-    /// Records that `commits` of local repo `name` were imported from `hub`, under the refs
-    /// lock. A record naming another hub id is replaced: the local repo now stands for `hub`.
+    /// Records that `imported.commits` of local repo `name` were imported from revision
+    /// `imported.revision` of hub repo `hub_id`, under the refs lock. A record naming another
+    /// hub id is replaced: the local repo now stands for `hub_id`. A revision recorded before
+    /// keeps its commits (the new ones are added) and becomes the newest; `refs` and `files`
+    /// replace what it had when given.
     ///
     /// # Errors
     /// `name` is not `org/name`; the record cannot be read or written.
-    pub fn record_hub(&self, name: &str, hub: &HubId, commits: &[ObjectRef]) -> StoreResult<()> {
+    pub fn record_hub(&self, name: &str, hub_id: &str, imported: HubRevision) -> StoreResult<()> {
         split_repo_name(name).map_err(|e| StoreError::Ref(e.to_string()))?;
         let path = self.hub_path(name)?;
         let refs = self.root.join("refs");
         let lock = File::open(&refs).map_err(io_err("open", &refs))?;
         lock.lock().map_err(io_err("lock", &refs))?;
         let mut record = match self.hub_record(name)? {
-            Some(r) if r.hub_id == hub.id => r,
+            Some(r) if r.hub_id == hub_id => r,
             _ => HubRecord {
                 format: HUB_FORMAT.to_owned(),
                 repo: name.to_owned(),
-                hub_id: hub.id.clone(),
+                hub_id: hub_id.to_owned(),
                 revisions: Vec::new(),
             },
         };
         let mut revision = match record
             .revisions
             .iter()
-            .position(|r| r.revision == hub.revision)
+            .position(|r| r.revision == imported.revision)
         {
             Some(i) => record.revisions.remove(i),
-            None => HubRevision {
-                revision: hub.revision.clone(),
-                commits: Vec::new(),
-            },
+            None => HubRevision::new(imported.revision.clone(), Vec::new()),
         };
-        revision.commits.retain(|c| !commits.contains(c));
-        revision.commits.extend_from_slice(commits);
+        revision.commits.retain(|c| !imported.commits.contains(c));
+        revision.commits.extend(imported.commits);
+        if !imported.refs.is_empty() {
+            for other in &mut record.revisions {
+                other.refs.retain(|r| !imported.refs.contains(r));
+            }
+            revision.refs = imported.refs;
+        }
+        if imported.files.is_some() {
+            revision.files = imported.files;
+        }
         record.revisions.push(revision);
         let parent = path.parent().expect("record paths have parents");
         fs::create_dir_all(parent).map_err(io_err("create", parent))?;
@@ -369,13 +431,20 @@ mod tests {
         let c2 = store.put_bytes(b"two").unwrap();
         let hub = HubId::parse(&format!("acme/bert@{REV}")).unwrap();
         assert_eq!(store.hub_record("local/bert").unwrap(), None);
-        store.record_hub("local/bert", &hub, &[c1]).unwrap();
-        let older = HubId {
-            revision: Some("0".repeat(40)),
-            ..hub.clone()
+        let rev = |r: &str, commits: &[ObjectRef]| HubRevision::new(Some(r.into()), commits.into());
+        store
+            .record_hub("local/bert", &hub.id, rev(REV, &[c1]))
+            .unwrap();
+        let older = HubRevision {
+            refs: vec!["main".into()],
+            ..rev(&"0".repeat(40), &[c2])
         };
-        store.record_hub("local/bert", &older, &[c2]).unwrap();
-        store.record_hub("local/bert", &hub, &[c1]).unwrap();
+        store.record_hub("local/bert", &hub.id, older).unwrap();
+        let newer = HubRevision {
+            refs: vec!["main".into()],
+            ..rev(REV, &[c1])
+        };
+        store.record_hub("local/bert", &hub.id, newer).unwrap();
         let record = store.hub_record("local/bert").unwrap().unwrap();
         assert_eq!(record.hub_id, "acme/bert");
         let revs: Vec<_> = record
@@ -385,6 +454,9 @@ mod tests {
             .collect();
         assert_eq!(revs, [Some("0".repeat(40)), Some(REV.to_owned())]);
         assert_eq!(record.revisions[1].commits, [c1]);
+        // A ref names one revision: the newest that recorded it.
+        assert!(record.revisions[0].refs.is_empty());
+        assert_eq!(record.revisions[1].refs, ["main"]);
         // The repo document is another file: rewriting it leaves the record.
         store
             .update_repo("local/bert", |_| crate::format::Repo {
@@ -396,8 +468,9 @@ mod tests {
         assert_eq!(store.hub_record("local/bert").unwrap().unwrap(), record);
         assert_eq!(store.hub_records().unwrap(), [record]);
         // Another hub id replaces the record.
-        let other = HubId::parse("other/bert").unwrap();
-        store.record_hub("local/bert", &other, &[c2]).unwrap();
+        store
+            .record_hub("local/bert", "other/bert", HubRevision::new(None, vec![c2]))
+            .unwrap();
         let record = store.hub_record("local/bert").unwrap().unwrap();
         assert_eq!(
             (record.hub_id.as_str(), record.revisions.len()),
