@@ -15,6 +15,8 @@
 # 4. the end-to-end checks against the release binary and real FUSE mounts:
 #    tools/main-job.sh (all-MiniLM-L6-v2 imported, mounted, embeddings and SHA-256s equal),
 #    tools/e2e/diffusers_e2e.sh (tiny SD: default lane, fp16 lane, fp16 with fallback),
+#    tools/e2e/hf_cache_e2e.sh (a huggingface_hub cache imported with --hf-cache, loaded by
+#    repo id through MOUNT/@hf: Transformers, sentence-transformers, Diffusers with fp16),
 #    tools/e2e/quantized_check.py (lanes written by `tensorfs quantize`: verified and decoded
 #    equally by `tfs`, loaded by Transformers from `<lane>@decoded`),
 #    tools/e2e/conventions_check.py (producer-quantized checkpoints of tests/data/conventions:
@@ -92,6 +94,9 @@ if [ $run_e2e = 1 ]; then
     step "diffusers e2e (tiny SD lanes through the mount)" \
         timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/e2e/diffusers_e2e.sh"
     passed+=("diffusers e2e")
+    step "hub cache e2e (import --hf-cache; loads by repo id through @hf)" \
+        timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/e2e/hf_cache_e2e.sh"
+    passed+=("hub cache e2e")
     step "quantized lanes (tensorfs quantize, decoded view, reference decode)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/quantized_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/quantized"
     passed+=("quantized")

@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::{CommitError, LaneRef};
 use crate::format::{ObjectRef, Repo};
 use crate::layout::LaneView;
+use crate::store::hub::HubRecord;
 use crate::store::{Store, StoreError};
 
 /// A repo document and when its ref last changed.
@@ -58,6 +59,15 @@ pub trait Catalog: Send + Sync {
     /// # Errors
     /// The refs cannot be listed.
     fn repos(&self) -> Result<Vec<RepoEntry>, StoreError>;
+
+    /// The hub records of the repos ([`crate::store::hub`]), which lay out the hub cache view.
+    /// A change to them changes [`Catalog::refs_signature`] too.
+    ///
+    /// # Errors
+    /// The records cannot be listed.
+    fn hub_records(&self) -> Result<Vec<HubRecord>, StoreError> {
+        Ok(Vec::new())
+    }
 
     /// The lane label of commit `commit`, and whether it has encoded tensors (reads its tree and
     /// header).
@@ -107,7 +117,21 @@ impl StoreCatalog {
 impl Catalog for StoreCatalog {
     fn refs_signature(&self) -> Result<u64, StoreError> {
         let refs = self.store.root().join("refs");
-        refs_signature(&refs).map_err(crate::store::io_err("list", &refs))
+        let signature = refs_signature(&refs).map_err(crate::store::io_err("list", &refs))?;
+        // Hub records are written after the refs they describe: they count too.
+        let hub = self.store.root().join("hub");
+        let records = match refs_signature(&hub) {
+            Ok(records) => records,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(crate::store::io_err("list", &hub)(e)),
+        };
+        let mut hasher = DefaultHasher::new();
+        (signature, records).hash(&mut hasher);
+        Ok(hasher.finish())
+    }
+
+    fn hub_records(&self) -> Result<Vec<HubRecord>, StoreError> {
+        self.store.hub_records()
     }
 
     fn repos(&self) -> Result<Vec<RepoEntry>, StoreError> {
@@ -157,8 +181,8 @@ impl Catalog for StoreCatalog {
     }
 }
 
-/// A hash of the names, sizes, inodes and mtimes of `refs/*/*.json`. Refs are replaced by
-/// rename, so any change moves at least the inode and the mtime.
+/// A hash of the names, sizes, inodes and mtimes of `<dir>/*/*.json` (`refs/`, `hub/`). Both
+/// are replaced by rename, so any change moves at least the inode and the mtime.
 ///
 /// # Errors
 /// `refs` cannot be listed.

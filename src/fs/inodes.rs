@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
+use super::hub::Group;
 use super::{LaneRef, ROOT_INO};
+use crate::format::Sha256;
 use crate::sync::{read, write};
 
 /// What an inode is.
@@ -49,6 +51,32 @@ pub enum Node {
         /// The folder's path in the lane (`unet`), empty for the lane folder.
         path: String,
     },
+    /// The hub cache view's folder `@hf`: its repo folders.
+    HubRoot,
+    /// A repo folder of the hub view (`path` empty) or a folder in it above the snapshots:
+    /// `refs` and folders in it, `snapshots`, `trees`.
+    HubRepo {
+        /// The repo folder's name (`models--ORG--NAME`).
+        folder: String,
+        /// The folder's path in it.
+        path: String,
+    },
+    /// A snapshot folder of the hub view (`path` empty) or a folder in it.
+    HubSnapshot {
+        /// The lane commits it shows.
+        group: Arc<Group>,
+        /// The folder's path in the snapshot.
+        path: String,
+    },
+    /// A file whose bytes are made here: a ref or a tree listing of the hub view.
+    Generated {
+        /// Its bytes.
+        bytes: Arc<[u8]>,
+        /// Its mtime.
+        mtime: SystemTime,
+        /// Whether its bytes never change (a listing; a ref moves).
+        immutable: bool,
+    },
     /// A file of a commit's lane.
     File {
         /// The lane.
@@ -65,12 +93,17 @@ pub enum Node {
 impl Node {
     /// Whether the inode is a folder.
     pub fn is_dir(&self) -> bool {
-        !matches!(self, Node::File { .. })
+        !matches!(self, Node::File { .. } | Node::Generated { .. })
     }
 
-    /// Whether the inode lies inside a lane folder (or is one): immutable.
-    pub fn in_lane(&self) -> bool {
-        matches!(self, Node::LaneDir { .. } | Node::File { .. })
+    /// Whether the inode never changes: a lane folder, a hub snapshot folder, what lies in
+    /// them, and tree listings.
+    pub fn immutable(&self) -> bool {
+        match self {
+            Node::LaneDir { .. } | Node::File { .. } | Node::HubSnapshot { .. } => true,
+            Node::Generated { immutable, .. } => *immutable,
+            _ => false,
+        }
     }
 
     /// The lane shown, for inodes in lanes.
@@ -93,17 +126,27 @@ pub struct Inode {
     pub node: Node,
 }
 
+/// What a folder's inode is tied to besides its path: the commit of a lane folder, the
+/// group of a snapshot folder, the bytes of a made file.
+#[derive(Debug, Hash, PartialEq, Eq)]
+enum Pin {
+    Lane(LaneRef),
+    Group(Sha256),
+    Bytes(Sha256),
+}
+
 #[derive(Debug, Hash, PartialEq, Eq)]
 struct DirKey {
     parent: u64,
     name: String,
-    lane: Option<LaneRef>,
+    pin: Option<Pin>,
 }
 
 #[derive(Debug)]
 struct Table {
     /// Inode `n` at index `n - 1`.
     nodes: Vec<Arc<Inode>>,
+    /// Folders, and made files, by path and pin.
     dirs: HashMap<DirKey, u64>,
     files: HashMap<(LaneRef, String), u64>,
 }
@@ -149,14 +192,19 @@ impl InodeTable {
         self.len() <= 1
     }
 
-    /// The folder `name` in `parent`, `node` the first time. Lane folders pass their
-    /// commit, so a path that moves to another commit gets another inode.
+    /// The folder (or made file) `name` in `parent`, `node` the first time. A lane folder
+    /// is tied to its commit, a snapshot folder to its group, a made file to its bytes, so a
+    /// path that moves to other contents gets another inode.
     pub fn dir(&self, parent: u64, name: &str, node: Node) -> Arc<Inode> {
         let key = DirKey {
             parent,
             name: name.to_owned(),
-            lane: match &node {
-                Node::LaneDir { lane, path } if path.is_empty() => Some(*lane),
+            pin: match &node {
+                Node::LaneDir { lane, path } if path.is_empty() => Some(Pin::Lane(*lane)),
+                Node::HubSnapshot { group, path } if path.is_empty() => {
+                    Some(Pin::Group(group.key))
+                }
+                Node::Generated { bytes, .. } => Some(Pin::Bytes(Sha256::of(bytes))),
                 _ => None,
             },
         };

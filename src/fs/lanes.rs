@@ -33,25 +33,22 @@ pub struct Child {
     pub kind: ChildKind,
 }
 
-/// A commit laid out (as imported or decoded), with its folders indexed.
-#[derive(Debug)]
-pub struct Lane {
-    /// The commit and view.
-    pub lane: LaneRef,
-    /// Its files, header and mtime.
-    pub contents: LaneContents,
-    /// Each folder's path (`""` for the lane folder) → its children sorted by name.
+/// Folders indexed from a list of file paths: each folder's children sorted by name, a file
+/// child naming its index in the list.
+#[derive(Debug, Default)]
+pub struct Folders {
+    /// Each folder's path (`""` for the top) → its children sorted by name.
     folders: HashMap<String, Vec<Child>>,
 }
 
-impl Lane {
-    /// Indexes `contents` of `lane`.
-    pub fn new(lane: LaneRef, contents: LaneContents) -> Lane {
+impl Folders {
+    /// Indexes `paths` (`/`-separated, relative); the top folder exists even when empty.
+    pub fn index<'a>(paths: impl IntoIterator<Item = &'a str>) -> Folders {
         let mut folders: BTreeMap<String, BTreeMap<String, ChildKind>> = BTreeMap::new();
         folders.insert(String::new(), BTreeMap::new());
-        for (index, file) in contents.view.files.iter().enumerate() {
+        for (index, path) in paths.into_iter().enumerate() {
             let mut parent = String::new();
-            let mut segments = file.path.split('/').peekable();
+            let mut segments = path.split('/').peekable();
             while let Some(segment) = segments.next() {
                 let last = segments.peek().is_none();
                 let kind = if last {
@@ -79,11 +76,7 @@ impl Lane {
                 (path, children)
             })
             .collect();
-        Lane {
-            lane,
-            contents,
-            folders,
-        }
+        Folders { folders }
     }
 
     /// The children of folder `path`, sorted by name; `None` when it is not a folder.
@@ -98,6 +91,38 @@ impl Lane {
             .binary_search_by(|c| c.name.as_str().cmp(name))
             .ok()
             .map(|i| &children[i])
+    }
+}
+
+/// A commit laid out (as imported or decoded), with its folders indexed.
+#[derive(Debug)]
+pub struct Lane {
+    /// The commit and view.
+    pub lane: LaneRef,
+    /// Its files, header and mtime.
+    pub contents: LaneContents,
+    folders: Folders,
+}
+
+impl Lane {
+    /// Indexes `contents` of `lane`.
+    pub fn new(lane: LaneRef, contents: LaneContents) -> Lane {
+        let folders = Folders::index(contents.view.files.iter().map(|f| f.path.as_str()));
+        Lane {
+            lane,
+            contents,
+            folders,
+        }
+    }
+
+    /// The children of folder `path`, sorted by name; `None` when it is not a folder.
+    pub fn children(&self, path: &str) -> Option<&[Child]> {
+        self.folders.children(path)
+    }
+
+    /// Child `name` of folder `path`.
+    pub fn child(&self, path: &str, name: &str) -> Option<&Child> {
+        self.folders.child(path, name)
     }
 
     /// The file at `index` of the view.

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::hub::HubRepo;
 use super::RepoEntry;
+use crate::store::hub::HubRecord;
 
 /// The repos of one org.
 #[derive(Debug)]
@@ -16,17 +18,21 @@ pub struct Org {
     pub repos: BTreeMap<String, Arc<RepoEntry>>,
 }
 
-/// The refs as read at one moment.
+/// The refs and hub records as read at one moment.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// Orgs by name (the first part of repo names, in the documents' spelling).
     pub orgs: BTreeMap<String, Org>,
+    /// The hub cache view's repo folders by name ([`super::hub`]).
+    pub hub: BTreeMap<String, Arc<HubRepo>>,
 }
 
 impl Snapshot {
-    /// Groups `repos` by org. A name that is not `<org>/<name>` is skipped with a warning.
-    pub fn new(repos: Vec<RepoEntry>) -> Snapshot {
+    /// Groups `repos` by org and lays out the hub view from them and `records`. A name that is
+    /// not `<org>/<name>` is skipped with a warning.
+    pub fn new(repos: Vec<RepoEntry>, records: Vec<HubRecord>) -> Snapshot {
         let mut orgs: BTreeMap<String, Org> = BTreeMap::new();
+        let mut shown = Vec::with_capacity(repos.len());
         for entry in repos {
             let Ok((org, name)) = crate::format::names::split_repo_name(&entry.repo.name) else {
                 tracing::warn!("skipping repo {:?}: not <org>/<name>", entry.repo.name);
@@ -38,9 +44,12 @@ impl Snapshot {
                 repos: BTreeMap::new(),
             });
             folder.mtime = folder.mtime.max(entry.mtime);
-            folder.repos.insert(name, Arc::new(entry));
+            let entry = Arc::new(entry);
+            folder.repos.insert(name, entry.clone());
+            shown.push(entry);
         }
-        Snapshot { orgs }
+        let hub = super::hub::repo_folders(&shown, records);
+        Snapshot { orgs, hub }
     }
 
     /// The repo `org/name`.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::catalog::{Catalog, CommitLane, StoreCatalog};
 use super::inodes::{Inode, InodeTable, Node};
 use super::lanes::{self, ChildKind, Lane, LaneCache};
+use super::hub::HUB_VIEW;
 use super::namespace::Snapshot;
 use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, LaneRef, Opened, XattrReply,
@@ -54,6 +55,8 @@ struct OpenFile {
 #[derive(Debug, Clone)]
 enum Handle {
     File(Arc<OpenFile>),
+    /// A made file's bytes (a hub view ref or listing).
+    Bytes(Arc<[u8]>),
     /// A folder's listing taken at `opendir`, so offsets stay valid while refs change.
     Dir(Arc<[DirEntry]>),
 }
@@ -64,8 +67,10 @@ pub struct TensorFs {
     objects: Arc<dyn ObjectSource>,
     pub(super) config: FsConfig,
     mounted_at: SystemTime,
-    inodes: InodeTable,
+    pub(super) inodes: InodeTable,
     pub(super) lanes: LaneCache,
+    /// Hub view snapshot folders built lately.
+    pub(super) hub_trees: super::hub::SnapshotTrees,
     /// Lane labels of commits (trees never change).
     pub(super) commit_lanes: Mutex<HashMap<Sha256, CommitLane>>,
     pub(super) snapshot: RwLock<Arc<Snapshot>>,
@@ -106,6 +111,7 @@ impl TensorFs {
             catalog,
             objects,
             lanes: LaneCache::new(config.max_cached_lanes),
+            hub_trees: super::hub::snapshot_trees(config.max_cached_lanes),
             config,
             mounted_at: SystemTime::now(),
             inodes: InodeTable::default(),
@@ -141,6 +147,7 @@ impl TensorFs {
             name: name.to_owned(),
         };
         let child = match &dir.node {
+            Node::Root if name == HUB_VIEW => self.inodes.dir(parent, name, Node::HubRoot),
             Node::Root => {
                 let snapshot = self.snapshot()?;
                 snapshot.orgs.get(name).ok_or_else(not_found)?;
@@ -192,7 +199,12 @@ impl TensorFs {
                 let child = lane.child(path, name).ok_or_else(not_found)?;
                 self.lane_child(&lane, parent, path, &child.name, child.kind)
             }
-            Node::File { .. } => unreachable!("dir_inode refuses files"),
+            Node::HubRoot | Node::HubRepo { .. } | Node::HubSnapshot { .. } => {
+                self.hub_lookup(&dir, name)?.ok_or_else(not_found)?
+            }
+            Node::File { .. } | Node::Generated { .. } => {
+                unreachable!("dir_inode refuses files")
+            }
         };
         let ttl = self.ttl(&dir.node);
         Ok(Entry {
@@ -263,6 +275,14 @@ impl TensorFs {
             return Err(FsError::ReadOnly);
         }
         let inode = self.inode(ino)?;
+        if let Node::Generated { bytes, .. } = &inode.node {
+            return Ok(Opened {
+                fh: self.add_handle(Handle::Bytes(bytes.clone())),
+                // A ref's inode changes with its bytes, but a reader may hold the old one.
+                keep_cache: false,
+                backing: None,
+            });
+        }
         let Node::File { lane, path, .. } = &inode.node else {
             return Err(FsError::IsADirectory(ino));
         };
@@ -334,8 +354,15 @@ impl TensorFs {
     /// `EBADF` for a handle not open to a file; `EIO` when a blob is absent or damaged (one
     /// log line names the commit, the file and the repair).
     pub fn read(&self, fh: u64, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
-        let Some(Handle::File(file)) = self.handle(fh) else {
-            return Err(FsError::BadHandle(fh));
+        let file = match self.handle(fh) {
+            Some(Handle::File(file)) => file,
+            Some(Handle::Bytes(bytes)) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+                let n = buf.len().min(bytes.len() - start);
+                buf[..n].copy_from_slice(&bytes[start..start + n]);
+                return Ok(n);
+            }
+            _ => return Err(FsError::BadHandle(fh)),
         };
         self.prefetch_ahead(&file, offset, buf.len() as u64);
         let size = file.content.size();
@@ -522,7 +549,7 @@ impl TensorFs {
     }
 
     fn ttl(&self, node: &Node) -> Duration {
-        if node.in_lane() {
+        if node.immutable() {
             self.config.lane_ttl
         } else {
             self.config.upper_ttl
@@ -545,6 +572,19 @@ impl TensorFs {
                 (Kind::Directory, 0, self.commit_lane(&lane.commit)?.mtime)
             }
             Node::File { size, mtime, .. } => (Kind::File, *size, *mtime),
+            Node::HubRoot => {
+                let newest = snapshot().hub.values().map(|r| r.entry.mtime).max();
+                (Kind::Directory, 0, newest.unwrap_or(self.mounted_at))
+            }
+            Node::HubRepo { folder, .. } => {
+                let mtime = snapshot().hub.get(folder).map(|r| r.entry.mtime);
+                (Kind::Directory, 0, mtime.unwrap_or(self.mounted_at))
+            }
+            Node::HubSnapshot { group, .. } => {
+                let newest = group.commits.first().expect("groups hold commits");
+                (Kind::Directory, 0, self.commit_lane(newest)?.mtime)
+            }
+            Node::Generated { bytes, mtime, .. } => (Kind::File, bytes.len() as u64, *mtime),
         };
         let dir = kind == Kind::Directory;
         Ok(Attr {
@@ -567,9 +607,14 @@ impl TensorFs {
         match &dir.node {
             Node::Root => {
                 for org in self.snapshot()?.orgs.keys() {
+                    if org == HUB_VIEW {
+                        continue;
+                    }
                     let node = Node::Org { org: org.clone() };
                     children.push((self.inodes.dir(ino, org, node), org.clone()));
                 }
+                let hub = self.inodes.dir(ino, HUB_VIEW, Node::HubRoot);
+                children.push((hub, HUB_VIEW.to_owned()));
             }
             Node::Org { org } => {
                 let snapshot = self.snapshot()?;
@@ -615,7 +660,12 @@ impl TensorFs {
                     children.push((inode, child.name.clone()));
                 }
             }
-            Node::File { .. } => unreachable!("dir_inode refuses files"),
+            Node::HubRoot | Node::HubRepo { .. } | Node::HubSnapshot { .. } => {
+                children = self.hub_list(&dir)?;
+            }
+            Node::File { .. } | Node::Generated { .. } => {
+                unreachable!("dir_inode refuses files")
+            }
         }
         let dots = [(ino, ".".to_owned()), (dir.parent, "..".to_owned())];
         let dots = dots

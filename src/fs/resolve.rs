@@ -33,7 +33,8 @@ impl TensorFs {
                 let signature = self.catalog.refs_signature().map_err(FsError::Refs)?;
                 if state.signature != Some(signature) {
                     let repos = self.catalog.repos().map_err(FsError::Refs)?;
-                    *write(&self.snapshot) = Arc::new(Snapshot::new(repos));
+                    let records = self.catalog.hub_records().map_err(FsError::Refs)?;
+                    *write(&self.snapshot) = Arc::new(Snapshot::new(repos, records));
                     state.signature = Some(signature);
                 }
             }

@@ -325,6 +325,10 @@ impl Catalog for RemoteCatalog {
         Ok(hasher.finish())
     }
 
+    fn hub_records(&self) -> Result<Vec<crate::store::hub::HubRecord>, StoreError> {
+        self.local.hub_records()
+    }
+
     fn repos(&self) -> Result<Vec<RepoEntry>, StoreError> {
         let mut by_name: BTreeMap<String, RepoEntry> = self
             .local

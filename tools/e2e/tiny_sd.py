@@ -193,6 +193,11 @@ def main():
         choices=COMPONENTS,
         help="leave this component without fp16 files (repeatable)",
     )
+    ap.add_argument(
+        "--fp16-distinct",
+        action="store_true",
+        help="halve the fp16 VAE's parameters, so a load shows which variant's files it read",
+    )
     args = ap.parse_args()
 
     out = args.out
@@ -206,6 +211,10 @@ def main():
     if not args.no_fp16:
         half = copy.deepcopy(pipe)
         half.to(torch.float16)
+        if args.fp16_distinct:
+            with torch.no_grad():
+                for p in half.vae.parameters():
+                    p.mul_(0.5)
         save(half, out, "fp16", skip=args.fp16_skip)
         del half
     # The float32 files last: their configs are the ones left on disk.
