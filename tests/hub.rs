@@ -12,14 +12,6 @@ use common::*;
 
 const REV: &str = "c9745ed1d9f207416be6d2e6f8de32d1f16199bf";
 
-/// The commit ids `import` printed.
-fn commits(said: &str) -> Vec<String> {
-    said.lines()
-        .filter_map(|l| l.strip_prefix("imported "))
-        .filter_map(|l| l.split('@').nth(1)?.split(' ').next().map(str::to_owned))
-        .collect()
-}
-
 #[test]
 fn a_snapshot_folder_records_its_hub_id_and_revision_without_changing_ids() {
     let dir = tempfile::tempdir().unwrap();

@@ -262,7 +262,13 @@ fn one(
     config.hub_refs = snapshot.refs.clone();
     config.hub_files = Some(checked.files);
     config.cancel = Some(&STOP);
-    let report = import(store, std::slice::from_ref(&snapshot.path), name, &config, progress)?;
+    let report = import(
+        store,
+        std::slice::from_ref(&snapshot.path),
+        name,
+        &config,
+        progress,
+    )?;
     outcome.new_bytes = report.new_bytes;
     // New bytes hold documents too: a lane of all-new chunks saved nothing.
     outcome.saved_bytes = report.chunk_bytes.saturating_sub(report.new_bytes);

@@ -127,9 +127,9 @@ pub fn repo_folders(
             continue;
         };
         let folder = folder_name(&record.hub_id);
-        let newer = claims
-            .get(&folder)
-            .is_none_or(|(_, held)| (entry.mtime, &entry.repo.name) > (held.mtime, &held.repo.name));
+        let newer = claims.get(&folder).is_none_or(|(_, held)| {
+            (entry.mtime, &entry.repo.name) > (held.mtime, &held.repo.name)
+        });
         if newer {
             claims.insert(folder, (record, (*entry).clone()));
         }
@@ -291,10 +291,7 @@ fn is_ref_path(name: &str) -> bool {
 
 /// huggingface_hub's tree cache file (`trees/<commit>.json`, `format_version` 1) of the
 /// recorded `files` that `shown` holds.
-pub fn tree_listing(
-    files: &BTreeMap<String, TreeEntry>,
-    shown: impl Fn(&str) -> bool,
-) -> Vec<u8> {
+pub fn tree_listing(files: &BTreeMap<String, TreeEntry>, shown: impl Fn(&str) -> bool) -> Vec<u8> {
     let files: BTreeMap<&String, &TreeEntry> = files.iter().filter(|(p, _)| shown(p)).collect();
     let listing = serde_json::json!({"format_version": 1, "files": files});
     serde_json::to_vec_pretty(&listing).expect("a listing serializes")
@@ -562,7 +559,9 @@ mod tests {
         let c = ObjectRef::of(b"x");
         let id = group_id(&[c]);
         assert_eq!(id.len(), 40);
-        assert!(id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(id
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(id, group_id(&[c]));
         assert_ne!(id, group_id(&[c, ObjectRef::of(b"y")]));
     }

@@ -201,9 +201,7 @@ impl InodeTable {
             name: name.to_owned(),
             pin: match &node {
                 Node::LaneDir { lane, path } if path.is_empty() => Some(Pin::Lane(*lane)),
-                Node::HubSnapshot { group, path } if path.is_empty() => {
-                    Some(Pin::Group(group.key))
-                }
+                Node::HubSnapshot { group, path } if path.is_empty() => Some(Pin::Group(group.key)),
                 Node::Generated { bytes, .. } => Some(Pin::Bytes(Sha256::of(bytes))),
                 _ => None,
             },

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::catalog::{Catalog, CommitLane, StoreCatalog};
+use super::hub::HUB_VIEW;
 use super::inodes::{Inode, InodeTable, Node};
 use super::lanes::{self, ChildKind, Lane, LaneCache};
-use super::hub::HUB_VIEW;
 use super::namespace::Snapshot;
 use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, LaneRef, Opened, XattrReply,
@@ -357,7 +357,9 @@ impl TensorFs {
         let file = match self.handle(fh) {
             Some(Handle::File(file)) => file,
             Some(Handle::Bytes(bytes)) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
                 let n = buf.len().min(bytes.len() - start);
                 buf[..n].copy_from_slice(&bytes[start..start + n]);
                 return Ok(n);

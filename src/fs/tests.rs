@@ -269,7 +269,7 @@ fn sample(f: &Fixture) -> (ObjectRef, ObjectRef, ObjectRef) {
 fn every_level_lists_its_children() {
     let f = fixture(FsConfig::default());
     let (old, new, draft) = sample(&f);
-    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme"]);
+    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "@hf"]);
     let acme = walk(&f.fs, "acme").unwrap().attr.ino;
     assert_eq!(names(&f.fs, acme), [".", "..", "sd"]);
     let sd = walk(&f.fs, "acme/sd").unwrap().attr.ino;
@@ -502,7 +502,7 @@ fn a_ref_added_while_mounted_appears_and_latest_moves_to_a_new_inode() {
             commits: vec![other],
         },
     ]);
-    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "beta"]);
+    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "beta", "@hf"]);
     let y = walk(&f.fs, "beta/x/latest/_/y").unwrap().attr.ino;
     assert_eq!(read_all(&f.fs, y).unwrap(), b"y");
     let latest = walk(&f.fs, "acme/sd/latest/bf16").unwrap().attr.ino;
@@ -528,14 +528,14 @@ fn refs_are_not_re_read_before_the_check_interval() {
     };
     let fs = TensorFs::new(catalog.clone(), objects, config);
     catalog.set_repos(vec![]);
-    assert_eq!(names(&fs, ROOT_INO), [".", ".."]);
+    assert_eq!(names(&fs, ROOT_INO), [".", "..", "@hf"]);
     let c = catalog.commit("c", None, Some(vec![]));
     catalog.set_repos(vec![Repo {
         name: "a/b".into(),
         releases: vec![],
         commits: vec![c],
     }]);
-    assert_eq!(names(&fs, ROOT_INO), [".", ".."]);
+    assert_eq!(names(&fs, ROOT_INO), [".", "..", "@hf"]);
 }
 
 #[test]
@@ -820,4 +820,88 @@ fn errnos_are_decided_per_variant() {
     for (err, errno) in cases {
         assert_eq!(err.errno(), errno, "{err}");
     }
+}
+
+/// The hub view of a repo without hub records: releases and `latest` as snapshots under
+/// derived names, refs for each, and a snapshot of two lanes holding both lanes' files, a
+/// shared path taken from the newer commit.
+#[test]
+fn hub_snapshots_merge_lanes_and_name_releases_and_commits() {
+    let f = fixture(FsConfig::default());
+    let (old, new, draft) = sample(&f);
+    let fp16 = f.catalog.commit(
+        "fp16",
+        Some("fp16"),
+        Some(vec![
+            ("config.json", inline("{\"v\":3}")),
+            ("unet/model.fp16.safetensors", inline("half")),
+        ]),
+    );
+    f.catalog.set_repos(vec![Repo {
+        name: "acme/sd".into(),
+        releases: vec![
+            release("1.0", &[("bf16", old)]),
+            release("2.0", &[("bf16", new), ("fp16", fp16)]),
+        ],
+        commits: vec![draft, fp16],
+    }]);
+    let repo = "@hf/models--acme--sd";
+    let read_ref = |name: &str| {
+        let ino = walk(&f.fs, &format!("{repo}/refs/{name}"))
+            .unwrap()
+            .attr
+            .ino;
+        String::from_utf8(read_all(&f.fs, ino).unwrap()).unwrap()
+    };
+    let main = read_ref("main");
+    assert_eq!(main, read_ref("2.0"), "latest is the newest release");
+    assert_eq!(
+        main,
+        super::hub::group_id(&[fp16, new]),
+        "newest commit first"
+    );
+    let v1 = read_ref("1.0");
+    assert_eq!(v1, super::hub::group_id(&[old]));
+    // Each commit's id names a snapshot holding it; one no release holds is alone.
+    assert_eq!(read_ref(&new.sha256.hex()), main);
+    assert_eq!(
+        read_ref(&draft.sha256.hex()),
+        super::hub::group_id(&[draft])
+    );
+    let mut snapshots = [main.clone(), v1, super::hub::group_id(&[draft])];
+    snapshots.sort();
+    let listed = names(
+        &f.fs,
+        walk(&f.fs, &format!("{repo}/snapshots")).unwrap().attr.ino,
+    );
+    assert_eq!(listed[2..], snapshots[..]);
+    let snap = format!("{repo}/snapshots/{main}");
+    let unet = walk(&f.fs, &format!("{snap}/unet")).unwrap().attr.ino;
+    assert_eq!(
+        names(&f.fs, unet),
+        [
+            ".",
+            "..",
+            "config.json",
+            "model.fp16.safetensors",
+            "model.safetensors"
+        ]
+    );
+    let config = walk(&f.fs, &format!("{snap}/config.json"))
+        .unwrap()
+        .attr
+        .ino;
+    assert_eq!(
+        read_all(&f.fs, config).unwrap(),
+        b"{\"v\":3}",
+        "the newer commit's"
+    );
+    // The lane folder's file is the same inode.
+    let in_lane = walk(&f.fs, "acme/sd/2.0/bf16/unet/model.safetensors").unwrap();
+    let in_hub = walk(&f.fs, &format!("{snap}/unet/model.safetensors")).unwrap();
+    assert_eq!(in_lane.attr.ino, in_hub.attr.ino);
+    assert!(
+        walk(&f.fs, &format!("{repo}/trees")).is_err(),
+        "no listing recorded"
+    );
 }

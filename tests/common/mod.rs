@@ -198,3 +198,11 @@ pub fn transformers_folder(root: &Path) {
         ],
     );
 }
+
+/// The commit ids `import` printed (`imported NAME@sha256:<hex> lane …` lines).
+pub fn commits(said: &str) -> Vec<String> {
+    said.lines()
+        .filter_map(|l| l.strip_prefix("imported "))
+        .filter_map(|l| l.split('@').nth(1)?.split(' ').next().map(str::to_owned))
+        .collect()
+}
