@@ -30,6 +30,7 @@
 //! Non-goals: writing (every write gets `EROFS`), symlinks, hard-link counts.
 
 pub mod catalog;
+pub mod comfyui;
 pub mod hub;
 pub mod inodes;
 pub mod lanes;

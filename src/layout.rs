@@ -17,6 +17,7 @@
 
 pub mod attrs;
 mod canonical;
+pub mod comfyui;
 pub mod decoded;
 mod plan;
 pub mod recipe;

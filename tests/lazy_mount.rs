@@ -27,7 +27,7 @@ fn the_endpoints_models_list_and_one_component_fetches_only_its_chunks() {
     let local = origin.local_store("local");
     let m = lazy_mount(&local, &origin.proxy.url, Duration::from_secs(30));
 
-    assert_eq!(list(&m.root), ["@hf", "acme"]);
+    assert_eq!(list(&m.root), ["@comfyui", "@hf", "acme"]);
     assert_eq!(list(&m.path("acme")), ["lazy"]);
     let mut revisions = vec![
         "1.0".to_owned(),
@@ -138,7 +138,7 @@ fn after_unmount_a_mount_without_the_endpoint_serves_what_was_fetched() {
     assert_eq!(repo.releases[0].lanes[&origin.lane], origin.commit);
 
     let offline = mount(&local);
-    assert_eq!(list(&offline.root), ["@hf", "acme"]);
+    assert_eq!(list(&offline.root), ["@comfyui", "@hf", "acme"]);
     let b = origin.mounted(&offline.root, "b.safetensors");
     assert_eq!(std::fs::read(&b).unwrap(), origin.files["b.safetensors"]);
     // What was never read is not there.

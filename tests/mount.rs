@@ -65,7 +65,7 @@ fn every_level_lists_and_every_alias_reads_the_same_files() {
         statvfs(store.root()),
         "df shows the store's filesystem"
     );
-    assert_eq!(list(&m.root), ["@hf", "local"]);
+    assert_eq!(list(&m.root), ["@comfyui", "@hf", "local"]);
     assert_eq!(list(&m.path("local")), ["x"]);
     let mut revisions = vec!["1.0".to_owned(), "2.0".to_owned(), "latest".to_owned()];
     revisions.extend([&v1, &v2, &draft].iter().map(|c| c.id.sha256.hex()));
@@ -288,7 +288,7 @@ fn a_ref_added_while_mounted_appears() {
         vec![],
     );
     let m = mount(&store);
-    assert_eq!(list(&m.root), ["@hf", "local"]);
+    assert_eq!(list(&m.root), ["@comfyui", "@hf", "local"]);
     let readme = m.path("local/x/latest/bf16/README.md");
     assert_eq!(fs::read(&readme).unwrap(), v1.readme);
 
@@ -305,7 +305,7 @@ fn a_ref_added_while_mounted_appears() {
     let other = commit(&store, None, 33);
     set_repo(&store, "other/y", vec![], vec![other.id]);
     wait_for(
-        || list(&m.root) == ["@hf", "local", "other"],
+        || list(&m.root) == ["@comfyui", "@hf", "local", "other"],
         "the new org to appear",
     );
     wait_for(

@@ -11,6 +11,7 @@ use super::{count, human};
 use crate::format::{Body, Header, Value};
 use crate::layout::LaneView;
 use crate::revisions::revisions;
+use crate::store::Store;
 
 /// Arguments of `ls`.
 #[derive(Debug, clap::Args)]
@@ -18,6 +19,10 @@ pub struct LsArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// List what the mount's ComfyUI view (MOUNT/@comfyui) shows of each repo's latest lanes,
+    /// and the weights files it leaves out, with why.
+    #[arg(long)]
+    pub comfyui: bool,
 }
 
 /// Arguments of `inspect`.
@@ -55,6 +60,9 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let store = cli.existing_store()?;
+    if args.comfyui {
+        return ls_comfyui(&store, args.json);
+    }
     // The hub identity of each commit that has one (`store::hub`): `ORG/NAME@REV`.
     let mut hub_of = std::collections::HashMap::new();
     for record in store.hub_records()? {
@@ -101,6 +109,69 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
                 r["lane"].as_str().unwrap_or(""),
                 r["commit"].as_str().unwrap_or("")
             );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ls --comfyui`: each shown entry (`folder/path`, its repo, lane and file) and each file
+/// left out, as [`crate::layout::comfyui::entries`] sorts them.
+fn ls_comfyui(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
+    use crate::layout::comfyui::{self, Shows};
+    let mut rows = Vec::new();
+    for repo in store.repos()? {
+        let lanes = crate::revisions::lanes(&repo, crate::revisions::Revision::Latest, |c| {
+            store.tree(c).map(|t| t.lane)
+        });
+        let mut lanes = match lanes {
+            Ok(lanes) => lanes,
+            Err(e) => {
+                eprintln!("tensorfs: repo {}: {e}", repo.name);
+                continue;
+            }
+        };
+        comfyui::order_lanes(&repo, &mut lanes);
+        for (i, (lane, commit)) in lanes.iter().enumerate() {
+            let view = store
+                .commit(commit)
+                .map_err(anyhow::Error::from)
+                .and_then(|c| Ok(LaneView::build(&c.id, &c.tree, &c.header)?));
+            let view = match view {
+                Ok(view) => view,
+                Err(e) => {
+                    eprintln!("tensorfs: repo {} lane {lane}: {e}", repo.name);
+                    continue;
+                }
+            };
+            let (shown, left_out) = comfyui::entries(&view, &repo.name, lane, i == 0);
+            for e in shown {
+                let file = match e.shows {
+                    Shows::File(f) => f,
+                    Shows::Lane => String::new(),
+                };
+                rows.push(json!({"shown": format!("{}/{}", e.folder, e.path), "repo": repo.name, "lane": lane, "file": file}));
+            }
+            for l in left_out {
+                rows.push(json!({"shown": null, "repo": repo.name, "lane": lane, "file": l.file, "why": l.why}));
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for r in &rows {
+        let (repo, lane, file) = (
+            r["repo"].as_str().unwrap_or(""),
+            r["lane"].as_str().unwrap_or(""),
+            r["file"].as_str().unwrap_or(""),
+        );
+        match r["shown"].as_str() {
+            Some(shown) => println!("{shown}	{repo}/latest/{lane}/{file}"),
+            None => println!(
+                "left out	{repo}/latest/{lane}/{file}	{}",
+                r["why"].as_str().unwrap_or("")
+            ),
         }
     }
     Ok(ExitCode::SUCCESS)

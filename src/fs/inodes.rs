@@ -68,6 +68,12 @@ pub enum Node {
         /// The folder's path in the snapshot.
         path: String,
     },
+    /// A folder of the ComfyUI view: `@comfyui` itself (`path` empty), a model folder
+    /// (`loras`), or a folder in one (`loras/acme`).
+    ComfyDir {
+        /// The folder's path in the view.
+        path: String,
+    },
     /// A file whose bytes are made here: a ref or a tree listing of the hub view.
     Generated {
         /// Its bytes.

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::catalog::{Catalog, CommitLane, StoreCatalog};
+use super::comfyui::COMFYUI_VIEW;
 use super::hub::HUB_VIEW;
 use super::inodes::{Inode, InodeTable, Node};
 use super::lanes::{self, ChildKind, Lane, LaneCache};
@@ -71,6 +72,8 @@ pub struct TensorFs {
     pub(super) lanes: LaneCache,
     /// Hub view snapshot folders built lately.
     pub(super) hub_trees: super::hub::SnapshotTrees,
+    /// The ComfyUI view's index and folder mtimes.
+    pub(super) comfy: super::comfyui::ComfyView,
     /// Lane labels of commits (trees never change).
     pub(super) commit_lanes: Mutex<HashMap<Sha256, CommitLane>>,
     pub(super) snapshot: RwLock<Arc<Snapshot>>,
@@ -112,6 +115,7 @@ impl TensorFs {
             objects,
             lanes: LaneCache::new(config.max_cached_lanes),
             hub_trees: super::hub::snapshot_trees(config.max_cached_lanes),
+            comfy: Default::default(),
             config,
             mounted_at: SystemTime::now(),
             inodes: InodeTable::default(),
@@ -148,6 +152,12 @@ impl TensorFs {
         };
         let child = match &dir.node {
             Node::Root if name == HUB_VIEW => self.inodes.dir(parent, name, Node::HubRoot),
+            Node::Root if name == COMFYUI_VIEW => {
+                let node = Node::ComfyDir {
+                    path: String::new(),
+                };
+                self.inodes.dir(parent, name, node)
+            }
             Node::Root => {
                 let snapshot = self.snapshot()?;
                 snapshot.orgs.get(name).ok_or_else(not_found)?;
@@ -202,6 +212,7 @@ impl TensorFs {
             Node::HubRoot | Node::HubRepo { .. } | Node::HubSnapshot { .. } => {
                 self.hub_lookup(&dir, name)?.ok_or_else(not_found)?
             }
+            Node::ComfyDir { .. } => self.comfy_lookup(&dir, name)?.ok_or_else(not_found)?,
             Node::File { .. } | Node::Generated { .. } => {
                 unreachable!("dir_inode refuses files")
             }
@@ -587,6 +598,7 @@ impl TensorFs {
                 (Kind::Directory, 0, self.commit_lane(newest)?.mtime)
             }
             Node::Generated { bytes, mtime, .. } => (Kind::File, bytes.len() as u64, *mtime),
+            Node::ComfyDir { path } => (Kind::Directory, 0, self.comfy_mtime(path)?),
         };
         let dir = kind == Kind::Directory;
         Ok(Attr {
@@ -609,7 +621,7 @@ impl TensorFs {
         match &dir.node {
             Node::Root => {
                 for org in self.snapshot()?.orgs.keys() {
-                    if org == HUB_VIEW {
+                    if org == HUB_VIEW || org == COMFYUI_VIEW {
                         continue;
                     }
                     let node = Node::Org { org: org.clone() };
@@ -617,6 +629,11 @@ impl TensorFs {
                 }
                 let hub = self.inodes.dir(ino, HUB_VIEW, Node::HubRoot);
                 children.push((hub, HUB_VIEW.to_owned()));
+                let comfy = Node::ComfyDir {
+                    path: String::new(),
+                };
+                let comfy = self.inodes.dir(ino, COMFYUI_VIEW, comfy);
+                children.push((comfy, COMFYUI_VIEW.to_owned()));
             }
             Node::Org { org } => {
                 let snapshot = self.snapshot()?;
@@ -665,6 +682,7 @@ impl TensorFs {
             Node::HubRoot | Node::HubRepo { .. } | Node::HubSnapshot { .. } => {
                 children = self.hub_list(&dir)?;
             }
+            Node::ComfyDir { .. } => children = self.comfy_list(&dir)?,
             Node::File { .. } | Node::Generated { .. } => {
                 unreachable!("dir_inode refuses files")
             }

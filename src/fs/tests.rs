@@ -269,7 +269,7 @@ fn sample(f: &Fixture) -> (ObjectRef, ObjectRef, ObjectRef) {
 fn every_level_lists_its_children() {
     let f = fixture(FsConfig::default());
     let (old, new, draft) = sample(&f);
-    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "@hf"]);
+    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "@hf", "@comfyui"]);
     let acme = walk(&f.fs, "acme").unwrap().attr.ino;
     assert_eq!(names(&f.fs, acme), [".", "..", "sd"]);
     let sd = walk(&f.fs, "acme/sd").unwrap().attr.ino;
@@ -502,7 +502,7 @@ fn a_ref_added_while_mounted_appears_and_latest_moves_to_a_new_inode() {
             commits: vec![other],
         },
     ]);
-    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "beta", "@hf"]);
+    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "beta", "@hf", "@comfyui"]);
     let y = walk(&f.fs, "beta/x/latest/_/y").unwrap().attr.ino;
     assert_eq!(read_all(&f.fs, y).unwrap(), b"y");
     let latest = walk(&f.fs, "acme/sd/latest/bf16").unwrap().attr.ino;
@@ -528,14 +528,14 @@ fn refs_are_not_re_read_before_the_check_interval() {
     };
     let fs = TensorFs::new(catalog.clone(), objects, config);
     catalog.set_repos(vec![]);
-    assert_eq!(names(&fs, ROOT_INO), [".", "..", "@hf"]);
+    assert_eq!(names(&fs, ROOT_INO), [".", "..", "@hf", "@comfyui"]);
     let c = catalog.commit("c", None, Some(vec![]));
     catalog.set_repos(vec![Repo {
         name: "a/b".into(),
         releases: vec![],
         commits: vec![c],
     }]);
-    assert_eq!(names(&fs, ROOT_INO), [".", "..", "@hf"]);
+    assert_eq!(names(&fs, ROOT_INO), [".", "..", "@hf", "@comfyui"]);
 }
 
 #[test]

@@ -1,0 +1,401 @@
+//! Where a lane's weights go in ComfyUI's model folders (the mount's `@comfyui` view): each
+//! weights file sorted by the tensors it holds, by the table `fs-layout/comfyui.json`
+//! (documented in `fs-layout/README.md`), and a Diffusers pipeline as a folder under
+//! `diffusers/`.
+//!
+//! Names: a lane with one weights file shows it as `ORG/NAME.<ext>` (another lane than the
+//! repo's first as `ORG/NAME.LANE.<ext>`); a lane with several as `ORG/NAME[.LANE]/<path>`.
+//! Shards (`…-00001-of-00003.safetensors`) are left out: ComfyUI loads whole files.
+
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+
+use super::{LaneView, Owner, PIPELINE_FILE};
+
+const TABLE: &str = include_str!("../../fs-layout/comfyui.json");
+
+/// The folder of Diffusers pipelines.
+pub const DIFFUSERS: &str = "diffusers";
+
+/// The classification table (`fs-layout/comfyui.json`).
+#[derive(Debug, Deserialize)]
+pub struct Table {
+    /// ComfyUI's model folders, each with the older names ComfyUI still reads for it.
+    pub folders: Vec<Folder>,
+    /// File name endings of weights files the view shows.
+    pub extensions: Vec<String>,
+    /// Rules in order: the first whose every condition holds decides.
+    pub rules: Vec<Rule>,
+}
+
+/// One model folder of ComfyUI.
+#[derive(Debug, Deserialize)]
+pub struct Folder {
+    /// Its name (`diffusion_models`).
+    pub name: String,
+    /// Older names showing the same files (`unet`).
+    pub aliases: Vec<String>,
+}
+
+/// A rule: the folder a file goes to when every condition holds.
+#[derive(Debug, Deserialize)]
+pub struct Rule {
+    /// The folder's name.
+    pub folder: String,
+    /// What the rule recognises (documentation).
+    pub why: String,
+    /// The conditions.
+    pub all: Vec<Condition>,
+}
+
+/// A condition on a file's tensor keys.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Condition {
+    /// Some key contains one of these.
+    KeyContains(Vec<String>),
+    /// Some key starts with one of these.
+    KeyStartsWith(Vec<String>),
+    /// Some key ends with one of these.
+    KeyEndsWith(Vec<String>),
+    /// No key starts with any of these.
+    NoKeyStartsWith(Vec<String>),
+    /// Every key starts with one of these.
+    EveryKeyStartsWith(Vec<String>),
+    /// Every key ends with one of these.
+    EveryKeyEndsWith(Vec<String>),
+}
+
+impl Condition {
+    fn holds(&self, keys: &[&str]) -> bool {
+        let some = |f: &dyn Fn(&str) -> bool| keys.iter().any(|k| f(k));
+        let every = |f: &dyn Fn(&str) -> bool| !keys.is_empty() && keys.iter().all(|k| f(k));
+        match self {
+            Condition::KeyContains(p) => some(&|k| p.iter().any(|p| k.contains(p.as_str()))),
+            Condition::KeyStartsWith(p) => some(&|k| p.iter().any(|p| k.starts_with(p.as_str()))),
+            Condition::KeyEndsWith(p) => some(&|k| p.iter().any(|p| k.ends_with(p.as_str()))),
+            Condition::NoKeyStartsWith(p) => {
+                !some(&|k| p.iter().any(|p| k.starts_with(p.as_str())))
+            }
+            Condition::EveryKeyStartsWith(p) => {
+                every(&|k| p.iter().any(|p| k.starts_with(p.as_str())))
+            }
+            Condition::EveryKeyEndsWith(p) => every(&|k| p.iter().any(|p| k.ends_with(p.as_str()))),
+        }
+    }
+}
+
+/// The table, parsed on first use (a unit test checks it parses and names its folders).
+pub fn table() -> &'static Table {
+    static PARSED: OnceLock<Table> = OnceLock::new();
+    PARSED.get_or_init(|| {
+        serde_json::from_str(TABLE).expect("fs-layout/comfyui.json is checked by a unit test")
+    })
+}
+
+impl Table {
+    /// The folder a weights file holding tensors `keys` goes to; `None` when no rule takes it.
+    pub fn classify(&self, keys: &[&str]) -> Option<&str> {
+        self.rules
+            .iter()
+            .find(|r| r.all.iter().all(|c| c.holds(keys)))
+            .map(|r| r.folder.as_str())
+    }
+
+    /// The folder named `name`, or having `name` as an older name.
+    pub fn folder(&self, name: &str) -> Option<&Folder> {
+        self.folders
+            .iter()
+            .find(|f| f.name == name || f.aliases.iter().any(|a| a == name))
+    }
+}
+
+/// One entry of the view for a lane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The model folder (`loras`).
+    pub folder: String,
+    /// Its path in the folder (`acme/style.safetensors`, `acme/sd/model_index.json`'s folder
+    /// `acme/sd`).
+    pub path: String,
+    /// What it shows.
+    pub shows: Shows,
+}
+
+/// What an entry shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shows {
+    /// The lane file at this path.
+    File(String),
+    /// The whole lane folder (a Diffusers pipeline).
+    Lane,
+}
+
+/// A lane file no rule takes, for `tensorfs ls --comfyui`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeftOut {
+    /// The file's path in the lane.
+    pub file: String,
+    /// Why.
+    pub why: String,
+}
+
+/// The entries of `view` (lane `lane` of repo `repo`, `ORG/NAME`; `first` when it is the
+/// repo's first lane, shown without its label), and the weights files no rule takes.
+pub fn entries(view: &LaneView, repo: &str, lane: &str, first: bool) -> (Vec<Entry>, Vec<LeftOut>) {
+    let base = match first {
+        true => repo.to_owned(),
+        false => format!("{repo}.{lane}"),
+    };
+    if view.file(PIPELINE_FILE).is_some() {
+        let entry = Entry {
+            folder: DIFFUSERS.to_owned(),
+            path: base,
+            shows: Shows::Lane,
+        };
+        return (vec![entry], Vec::new());
+    }
+    let table = table();
+    let mut weights = Vec::new();
+    let mut left_out = Vec::new();
+    for file in &view.files {
+        let Owner::Component { index, tensors } = &file.owner else {
+            continue;
+        };
+        if tensors.is_empty() || !table.extensions.iter().any(|e| file.path.ends_with(e)) {
+            continue;
+        }
+        if is_shard(&file.path) {
+            left_out.push(LeftOut {
+                file: file.path.clone(),
+                why: "a shard: ComfyUI loads whole files".into(),
+            });
+            continue;
+        }
+        let component = &view.header.components[*index];
+        let keys: Vec<&str> = tensors
+            .iter()
+            .filter_map(|&t| component.tensors.get(t as usize))
+            .map(|t| t.key.as_str())
+            .collect();
+        match table.classify(&keys) {
+            Some(folder) => weights.push((folder.to_owned(), file.path.clone())),
+            None => left_out.push(LeftOut {
+                file: file.path.clone(),
+                why: format!(
+                    "no rule of fs-layout/comfyui.json takes its tensors ({}, …)",
+                    keys.iter().take(3).copied().collect::<Vec<_>>().join(", ")
+                ),
+            }),
+        }
+    }
+    let one = weights.len() == 1;
+    let entries = weights
+        .into_iter()
+        .map(|(folder, path)| {
+            let shown = match one {
+                true => {
+                    let ext = table
+                        .extensions
+                        .iter()
+                        .find(|e| path.ends_with(e.as_str()))
+                        .expect("weights files have one");
+                    format!("{base}{ext}")
+                }
+                false => format!("{base}/{path}"),
+            };
+            Entry {
+                folder,
+                path: shown,
+                shows: Shows::File(path),
+            }
+        })
+        .collect();
+    (entries, left_out)
+}
+
+/// Orders a repo's `latest` lanes as the view names them: the lane of the oldest commit first
+/// (shown without its label; an import publishes its default lane first), then by age and
+/// label.
+pub fn order_lanes(repo: &crate::format::Repo, lanes: &mut [(String, crate::format::ObjectRef)]) {
+    let age = |c: &crate::format::ObjectRef| {
+        repo.commits
+            .iter()
+            .position(|x| x == c)
+            .unwrap_or(usize::MAX)
+    };
+    lanes.sort_by(|(a, ca), (b, cb)| age(ca).cmp(&age(cb)).then(a.cmp(b)));
+}
+
+/// `…-00001-of-00003.<ext>`: one shard of a sharded checkpoint.
+fn is_shard(path: &str) -> bool {
+    let stem = path.rsplit_once('.').map_or(path, |(s, _)| s);
+    let Some((head, total)) = stem.rsplit_once("-of-") else {
+        return false;
+    };
+    let index = head.rsplit_once('-').map_or("", |(_, i)| i);
+    [index, total]
+        .iter()
+        .all(|n| n.len() == 5 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(keys: &[&str]) -> Option<&'static str> {
+        table().classify(keys)
+    }
+
+    #[test]
+    fn the_table_parses_and_every_rule_names_a_folder() {
+        let t = table();
+        for rule in &t.rules {
+            assert!(t.folder(&rule.folder).is_some(), "{}", rule.folder);
+            assert!(!rule.all.is_empty(), "{}", rule.why);
+        }
+        assert_eq!(t.folder("unet").unwrap().name, "diffusion_models");
+        assert_eq!(t.folder("clip").unwrap().name, "text_encoders");
+    }
+
+    /// Key names as the producers write them: kohya-ss and PEFT LoRAs, LyCORIS, A1111/LDM
+    /// single files, Diffusers components, BFL Flux, Transformers CLIP/T5, llama.cpp GGUF.
+    #[test]
+    fn files_are_sorted_by_the_tensors_they_hold() {
+        let cases: &[(&[&str], Option<&str>)] = &[
+            (
+                &[
+                    "lora_unet_down_blocks_0_attentions_0_proj_in.alpha",
+                    "lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight",
+                    "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight",
+                ],
+                Some("loras"),
+            ),
+            (
+                &[
+                    "transformer.single_transformer_blocks.0.attn.to_k.lora_A.weight",
+                    "transformer.single_transformer_blocks.0.attn.to_k.lora_B.weight",
+                ],
+                Some("loras"),
+            ),
+            (
+                &["lora_unet_x.hada_w1_a", "lora_unet_x.hada_w1_b"],
+                Some("loras"),
+            ),
+            (
+                &["lora_unet_x.lokr_w1", "lora_unet_x.lokr_w2"],
+                Some("loras"),
+            ),
+            (
+                &["diffusion_model.x.diff", "diffusion_model.x.diff_b"],
+                Some("loras"),
+            ),
+            (
+                &[
+                    "model.diffusion_model.input_blocks.0.0.weight",
+                    "first_stage_model.decoder.conv_in.weight",
+                    "cond_stage_model.transformer.text_model.embeddings.position_ids",
+                ],
+                Some("checkpoints"),
+            ),
+            (
+                &["model.diffusion_model.input_blocks.0.0.weight"],
+                Some("diffusion_models"),
+            ),
+            (
+                &[
+                    "double_blocks.0.img_attn.norm.key_norm.scale",
+                    "img_in.weight",
+                ],
+                Some("diffusion_models"),
+            ),
+            (
+                &[
+                    "down_blocks.0.resnets.0.conv1.weight",
+                    "time_embedding.linear_1.weight",
+                ],
+                Some("diffusion_models"),
+            ),
+            (
+                &[
+                    "decoder.conv_in.weight",
+                    "encoder.conv_in.weight",
+                    "quant_conv.weight",
+                ],
+                Some("vae"),
+            ),
+            (
+                &[
+                    "decoder.up_blocks.0.resnets.0.conv1.weight",
+                    "encoder.down_blocks.0.resnets.0.conv1.weight",
+                ],
+                Some("vae"),
+            ),
+            (
+                &[
+                    "text_model.embeddings.token_embedding.weight",
+                    "text_projection.weight",
+                ],
+                Some("text_encoders"),
+            ),
+            (
+                &[
+                    "encoder.block.0.layer.0.SelfAttention.k.weight",
+                    "shared.weight",
+                ],
+                Some("text_encoders"),
+            ),
+            (
+                &[
+                    "encoder.block.0.layer.0.SelfAttention.k.weight",
+                    "encoder.final_layer_norm.weight",
+                ],
+                Some("text_encoders"),
+            ),
+            (
+                &["token_embd.weight", "blk.0.attn_q.weight"],
+                Some("text_encoders"),
+            ),
+            (
+                &[
+                    "vision_model.embeddings.patch_embedding.weight",
+                    "visual_projection.weight",
+                ],
+                Some("clip_vision"),
+            ),
+            (
+                &[
+                    "control_model.input_blocks.0.0.weight",
+                    "control_model.input_hint_block.0.weight",
+                ],
+                Some("controlnet"),
+            ),
+            (
+                &["controlnet_cond_embedding.conv_in.weight"],
+                Some("controlnet"),
+            ),
+            (&["emb_params"], Some("embeddings")),
+            (&["clip_g", "clip_l"], Some("embeddings")),
+            (
+                &["conv_first.weight", "RRDB_trunk.0.RDB1.conv1.weight"],
+                Some("upscale_models"),
+            ),
+            (&["classifier.weight", "bert.pooler.dense.bias"], None),
+            (&[], None),
+        ];
+        for (keys, want) in cases {
+            assert_eq!(kind(keys), *want, "{keys:?}");
+        }
+    }
+
+    #[test]
+    fn shards_are_told_by_their_names() {
+        assert!(is_shard(
+            "diffusion_pytorch_model-00001-of-00003.safetensors"
+        ));
+        assert!(is_shard("unet/model.fp16-00002-of-00002.safetensors"));
+        assert!(!is_shard("model.safetensors"));
+        assert!(!is_shard("lora-v1-of-2.safetensors"));
+    }
+}

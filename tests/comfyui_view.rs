@@ -1,0 +1,202 @@
+//! The ComfyUI view `MOUNT/@comfyui` on a real mount, listed as ComfyUI's `folder_paths` lists
+//! model folders (`tools/e2e/comfyui_scan.py`): each model once, in the folder of its kind,
+//! as the lane's own inode; a folder's mtime moves when an import adds to it.
+
+mod common;
+mod fuse_support;
+mod skip;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::T;
+use safetensors::Dtype::F32;
+use tensorfs::store::Store;
+
+/// A safetensors file of F32 tensors named `keys`, each of 4 values.
+fn weights(keys: &[&str]) -> Vec<u8> {
+    let tensors: Vec<T> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| T(k, F32, vec![4], common::bytes(16, i as u8)))
+        .collect();
+    common::safetensors_file(&tensors, None)
+}
+
+/// ComfyUI's listing of every folder key of `yaml`, and which keys' caches a change since
+/// `before` (an earlier listing's file) makes stale.
+fn scan(python: &Path, yaml: &Path, before: Option<&Path>) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/e2e/comfyui_scan.py");
+    let mut cmd = Command::new(python);
+    cmd.arg(script).arg("--yaml").arg(yaml);
+    if let Some(before) = before {
+        cmd.arg("--changed-after").arg(before);
+    }
+    let out = cmd.output().expect("python runs");
+    assert!(
+        out.status.success(),
+        "comfyui_scan.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn comfyui_lists_each_model_once_in_the_folder_of_its_kind() {
+    let Some(python) = std::env::var_os("TENSORFS_TEST_PYTHON") else {
+        skip::missing("TENSORFS_TEST_PYTHON is not set (a venv with PyYAML)");
+        return;
+    };
+    let python = Path::new(&python);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let files = [
+        (
+            "style",
+            weights(&[
+                "lora_unet_a.alpha",
+                "lora_unet_a.lora_down.weight",
+                "lora_unet_a.lora_up.weight",
+            ]),
+        ),
+        (
+            "sd15",
+            weights(&[
+                "cond_stage_model.transformer.text_model.embeddings.position_ids",
+                "first_stage_model.decoder.conv_in.weight",
+                "model.diffusion_model.input_blocks.0.0.weight",
+            ]),
+        ),
+        (
+            "ae",
+            weights(&["decoder.conv_in.weight", "encoder.conv_in.weight"]),
+        ),
+        (
+            "flux",
+            weights(&["double_blocks.0.img_attn.qkv.weight", "img_in.weight"]),
+        ),
+        (
+            "t5",
+            weights(&[
+                "encoder.block.0.layer.0.SelfAttention.k.weight",
+                "shared.weight",
+            ]),
+        ),
+        ("head", weights(&["classifier.weight"])),
+    ];
+    for (name, bytes) in &files {
+        common::write_tree(&src, &[(&format!("{name}.safetensors"), bytes.clone())]);
+    }
+    let root = dir.path().join("store");
+    for (name, _) in &files {
+        let file = src.join(format!("{name}.safetensors"));
+        common::ok(
+            &root,
+            &[
+                "import",
+                file.to_str().unwrap(),
+                "--name",
+                &format!("local/{name}"),
+            ],
+        );
+    }
+    // A Transformers folder is no ComfyUI model: its weights are left out.
+    let bert = dir.path().join("bert");
+    common::transformers_folder(&bert);
+    common::ok(
+        &root,
+        &["import", bert.to_str().unwrap(), "--name", "local/bert"],
+    );
+    let store = Store::open(&root).unwrap();
+    let m = fuse_support::mount(&store);
+    let view = m.path("@comfyui");
+    let yaml = dir.path().join("extra_model_paths.yaml");
+    let template = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fs-layout/extra_model_paths.yaml"),
+    )
+    .unwrap();
+    fs::write(
+        &yaml,
+        template.replace("~/models/@comfyui", view.to_str().unwrap()),
+    )
+    .unwrap();
+
+    let listed = scan(python, &yaml, None);
+    let lists = &listed["lists"];
+    let names = |key: &str| -> Vec<String> {
+        lists[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {key} in {lists}"))
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names("loras"), ["local/style.safetensors"]);
+    assert_eq!(names("checkpoints"), ["local/sd15.safetensors"]);
+    assert_eq!(names("vae"), ["local/ae.safetensors"]);
+    assert_eq!(
+        names("diffusion_models"),
+        ["local/flux.safetensors"],
+        "unet/ and diffusion_models/ list one file once"
+    );
+    assert_eq!(names("text_encoders"), ["local/t5.safetensors"]);
+    let total: usize = lists
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_array().unwrap().len())
+        .sum();
+    assert_eq!(total, 5, "each model once over every folder: {lists}");
+    // The same inode as the lane folder's file.
+    let lane = fuse_support::list(&m.path("local/style/latest")).remove(0);
+    assert_eq!(
+        fs::metadata(view.join("loras/local/style.safetensors"))
+            .unwrap()
+            .ino(),
+        fs::metadata(m.path(&format!("local/style/latest/{lane}/style.safetensors")))
+            .unwrap()
+            .ino()
+    );
+    // What no rule takes is listed by `ls --comfyui`, with why.
+    let said = common::ok(&root, &["ls", "--comfyui"]);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("left out\tlocal/head/latest/")
+                && l.contains("classifier.weight")),
+        "{said}"
+    );
+    assert!(said.contains("left out\tlocal/bert/latest/"), "{said}");
+    assert!(
+        said.contains("loras/local/style.safetensors\tlocal/style/latest/"),
+        "{said}"
+    );
+
+    // An import while mounted moves the mtime of the folders it adds to, so ComfyUI lists
+    // them again, and only them.
+    let before = dir.path().join("before.json");
+    fs::write(&before, serde_json::to_vec(&listed).unwrap()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let lora = src.join("detail.safetensors");
+    fs::write(
+        &lora,
+        weights(&["lora_te_x.lora_down.weight", "lora_te_x.lora_up.weight"]),
+    )
+    .unwrap();
+    common::ok(
+        &root,
+        &["import", lora.to_str().unwrap(), "--name", "local/detail"],
+    );
+    fuse_support::wait_for(
+        || view.join("loras/local/detail.safetensors").exists(),
+        "the new LoRA in the view",
+    );
+    let after = scan(python, &yaml, Some(&before));
+    assert_eq!(after["stale"], serde_json::json!(["loras"]), "{after}");
+    assert_eq!(
+        after["lists"]["loras"],
+        serde_json::json!(["local/detail.safetensors", "local/style.safetensors"])
+    );
+    m.unmount();
+}
