@@ -165,9 +165,10 @@ pub struct ImportConfig {
     /// that is one hub cache snapshot folder (`…/models--ORG--NAME/snapshots/<commit>`) names
     /// its own. Recorded beside the refs ([`crate::store::hub`]); ids do not change.
     pub hub: Option<HubId>,
-    /// The hub cache ref names that point at [`ImportConfig::hub`]'s revision, recorded with
-    /// it (`import --hf-cache`).
-    pub hub_refs: Vec<String>,
+    /// The hub ref names that point at [`ImportConfig::hub`]'s revision, recorded with it:
+    /// the hub cache's (`import --hf-cache`); `None` records `main`, an import that names a
+    /// revision making it the one `main` names.
+    pub hub_refs: Option<Vec<String>>,
     /// The hub revision's file listing, recorded with it (`import --hf-cache`).
     pub hub_files: Option<BTreeMap<String, TreeEntry>>,
     /// Set (by a signal handler, say) to stop the import: chunk writing stops within one read
@@ -182,7 +183,7 @@ impl Default for ImportConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             converter: None,
             hub: None,
-            hub_refs: Vec::new(),
+            hub_refs: None,
             hub_files: None,
             cancel: None,
         }
@@ -443,7 +444,10 @@ pub fn import(
     if let Some(hub) = &hub {
         let revision = HubRevision {
             files: config.hub_files.clone(),
-            refs: config.hub_refs.clone(),
+            refs: config
+                .hub_refs
+                .clone()
+                .unwrap_or_else(|| vec!["main".to_owned()]),
             ..HubRevision::new(hub.revision.clone(), trees.clone())
         };
         if let Err(e) = store.record_hub(name, &hub.id, revision) {

@@ -341,6 +341,17 @@ impl Store {
     }
 }
 
+impl Commit {
+    /// The commit's closure (spec §7): the tree, its files (the header among them), and the
+    /// header's chunks and assets.
+    pub fn closure(&self) -> Vec<ObjectRef> {
+        let mut out = vec![self.id];
+        out.extend(self.tree.files.values().copied());
+        out.extend(self.header.objects().copied());
+        out
+    }
+}
+
 /// Opens the blob file at `path` to read, refusing anything but a regular file: a FIFO put in
 /// a blob's place would block the opener forever (a mount's request thread, `verify`), and a
 /// link to a device (`/dev/zero`) would never end. The open does not wait (`O_NONBLOCK`),

@@ -6,7 +6,6 @@ mod skip;
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 
@@ -119,29 +118,6 @@ fn snapshot_of(store: &std::path::Path) -> std::collections::BTreeMap<std::path:
     snapshot(store)
 }
 
-/// A hub cache written by huggingface_hub itself (`tools/fixtures/hub_cache.py`: its
-/// `snapshot_download` against a loopback server speaking the hub's routes). Returns the
-/// fixture's JSON line: the commit, the snapshot folder and each file's etag.
-fn hub_cache(python: &Path, folder: &Path, repo: &str, cache: &Path) -> serde_json::Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/hub_cache.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg("--folder")
-        .arg(folder)
-        .args(["--repo", repo])
-        .arg("--cache")
-        .arg(cache)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "hub_cache.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap()
-}
-
 /// A snapshot of a real cache (files are links to `../../blobs/<etag>`) imports to the same
 /// commits as the folder it was made from, and records the hub id and commit.
 #[test]
@@ -154,7 +130,7 @@ fn a_snapshot_of_a_cache_huggingface_hub_wrote_imports_as_its_source_with_its_id
     let src = dir.path().join("src");
     transformers_folder(&src);
     let cache = dir.path().join("cache");
-    let made = hub_cache(Path::new(&python), &src, "acme/tiny-bert", &cache);
+    let made = hub_cache(Path::new(&python), &src, "acme/tiny-bert", "main", &cache);
     let commit = made["commit"].as_str().unwrap();
     let snapshot = Path::new(made["snapshot"].as_str().unwrap());
     assert!(
@@ -246,6 +222,7 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
         "acme/partial",
         "acme/dangling",
         "solo",
+        "acme/subset",
     ]
     .iter()
     .enumerate()
@@ -254,7 +231,7 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
         transformers_folder(&src);
         // Each repo's own README, so the caches differ.
         fs::write(src.join("README.md"), format!("# {repo}\n")).unwrap();
-        made.insert(*repo, hub_cache(python, &src, repo, &cache));
+        made.insert(*repo, hub_cache(python, &src, repo, "main", &cache));
     }
     let snapshot = |repo: &str| Path::new(made[repo]["snapshot"].as_str().unwrap()).to_path_buf();
     // Damaged: one byte of the weights' blob flipped (its etag is the SHA-256).
@@ -262,8 +239,13 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
     let mut bytes = fs::read(&weights).unwrap();
     *bytes.last_mut().unwrap() ^= 1;
     fs::write(&weights, bytes).unwrap();
-    // Partial: a file the tree listing names is not in the snapshot.
+    // Partial: a download that did not finish (its blob is still `<etag>.incomplete`).
     fs::remove_file(snapshot("acme/partial").join("vocab.txt")).unwrap();
+    let etag = made["acme/partial"]["files"]["vocab.txt"].as_str().unwrap();
+    let blobs = cache.join("models--acme--partial/blobs");
+    fs::rename(blobs.join(etag), blobs.join(format!("{etag}.incomplete"))).unwrap();
+    // Not asked for (allow_patterns): a file of the listing never downloaded is no damage.
+    fs::remove_file(snapshot("acme/subset").join("README.md")).unwrap();
     // Dangling: the blob behind a link is gone.
     fs::remove_file(blob_of(&snapshot("acme/dangling"), "tokenizer.json")).unwrap();
     // Not models: a dataset repo, and huggingface_hub's own folders.
@@ -295,7 +277,7 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
         (
             "acme/partial",
             "",
-            "partial: 1 of the 6 files its tree listing names is missing (vocab.txt)",
+            "partial: the download of 1 of the 6 files its tree listing names did not finish (vocab.txt)",
         ),
         ("acme/dangling", "tokenizer.json", "a dangling link"),
     ] {
@@ -311,12 +293,16 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
         assert!(line.contains(&format!("{}: ", named.display())), "{line}");
     }
     assert!(
+        errors.contains("1 of the 6 files its tree listing names were not downloaded (README.md)"),
+        "{errors}"
+    );
+    assert!(
         errors.contains("datasets--acme--data: a dataset repo, not a model"),
         "{errors}"
     );
     assert!(
-        said.contains("5 snapshots of 5 model repos")
-            && said.contains("2 imported, 0 up to date, 3 skipped"),
+        said.contains("6 snapshots of 6 model repos")
+            && said.contains("3 imported, 0 up to date, 3 skipped"),
         "{said}"
     );
     assert_eq!(cache_state(&cache), before, "the cache is only read");
@@ -343,7 +329,7 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
             summary["up_to_date"].as_u64(),
             summary["skipped"].as_u64()
         ),
-        (Some(0), Some(2), Some(3)),
+        (Some(0), Some(3), Some(3)),
         "{again}"
     );
     assert_eq!(summary["bytes_read"], 0, "{again}");
@@ -351,10 +337,10 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
     // A repaired snapshot is imported on the next run, and nothing else is.
     fs::remove_dir_all(snapshot("acme/partial")).unwrap();
     let src = dir.path().join("src2");
-    hub_cache(python, &src, "acme/partial", &cache);
+    hub_cache(python, &src, "acme/partial", "main", &cache);
     let said = ok(&store, &["import", "--hf-cache", cache.to_str().unwrap()]);
     assert!(
-        said.contains("1 imported, 2 up to date, 2 skipped"),
+        said.contains("1 imported, 3 up to date, 2 skipped"),
         "{said}"
     );
 

@@ -3,6 +3,7 @@
 
 mod common;
 mod fuse_support;
+mod skip;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -124,4 +125,102 @@ fn the_hub_view_shows_each_repo_as_huggingface_hub_lays_out_a_cache() {
         "an older snapshot keeps its files"
     );
     m.unmount();
+}
+
+/// The view's refs are the hub cache's: `main` stays where the cache's main is when an older
+/// tag is downloaded later, and a ref added to a snapshot already imported shows up. A blob
+/// removed by `verify --repair` is imported again, and a local repo of the same name holding
+/// other models is not taken over.
+#[test]
+fn the_hub_views_refs_follow_the_cache_and_imports_repair_the_store() {
+    let Some(python) = std::env::var_os("TENSORFS_TEST_PYTHON") else {
+        skip::missing("TENSORFS_TEST_PYTHON is not set (a venv with huggingface_hub)");
+        return;
+    };
+    let python = std::path::Path::new(&python);
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    common::transformers_folder(&one);
+    common::transformers_folder(&two);
+    fs::write(two.join("README.md"), "# an older tag\n").unwrap();
+    let cache = dir.path().join("cache");
+    let root = dir.path().join("store");
+    let cache_arg = cache.to_str().unwrap();
+    let main = common::hub_cache(python, &one, "acme/r", "main", &cache)["commit"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    common::ok(&root, &["import", "--hf-cache", cache_arg]);
+    let tag = common::hub_cache(python, &two, "acme/r", "v0.9", &cache)["commit"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    common::ok(&root, &["import", "--hf-cache", cache_arg]);
+    // The same commit under one more ref: up to date, its refs recorded anew.
+    common::hub_cache(python, &one, "acme/r", "v1.0", &cache);
+    let said = common::ok(&root, &["import", "--hf-cache", cache_arg]);
+    assert!(said.contains("2 up to date"), "{said}");
+
+    let store = Store::open(&root).unwrap();
+    let m = fuse_support::mount(&store);
+    let refs = m.path("@hf/models--acme--r/refs");
+    let read = |name: &str| fs::read_to_string(refs.join(name)).unwrap();
+    assert_eq!(
+        read("main"),
+        main,
+        "the cache's main, not the newest import"
+    );
+    assert_eq!(read("v0.9"), tag);
+    assert_eq!(read("v1.0"), main);
+    m.unmount();
+
+    // A chunk blob lost (as `verify --repair` leaves the store): the next run imports the
+    // snapshot again instead of finding it up to date.
+    let weights = std::path::Path::new(&root).join("blobs");
+    let mut biggest = None;
+    for entry in walkdir(&weights) {
+        let len = fs::metadata(&entry).unwrap().len();
+        if biggest.as_ref().is_none_or(|(l, _)| len > *l) {
+            biggest = Some((len, entry));
+        }
+    }
+    fs::remove_file(biggest.unwrap().1).unwrap();
+    common::fails(&root, &["verify"]);
+    let said = common::ok(&root, &["import", "--hf-cache", cache_arg]);
+    assert!(said.contains("1 imported"), "{said}");
+    common::ok(&root, &["verify"]);
+
+    // local/solo holds another model: the hub repo `solo` is not added to it.
+    let other = dir.path().join("other");
+    common::transformers_folder(&other);
+    fs::write(other.join("README.md"), "# mine\n").unwrap();
+    common::ok(
+        &root,
+        &["import", other.to_str().unwrap(), "--name", "local/solo"],
+    );
+    common::hub_cache(python, &one, "solo", "main", &cache);
+    let out = common::run(&root, &["import", "--hf-cache", cache_arg]);
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        errors.contains("skipped solo@")
+            && errors.contains("local/solo already holds models that are not hub repo solo"),
+        "{errors}"
+    );
+    assert!(!common::ok(&root, &["ls"]).contains("hub solo"));
+}
+
+/// Every file under `dir`.
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
 }

@@ -14,7 +14,7 @@ use super::import::{Args, Bar, STOP};
 use super::{count, human};
 use crate::import::hub_cache::{self, CacheSnapshot};
 use crate::import::{import, ImportConfig, ImportError};
-use crate::store::hub::TreeEntry;
+use crate::store::hub::{HubRevision, TreeEntry};
 use crate::store::Store;
 
 /// What became of one snapshot.
@@ -46,6 +46,10 @@ struct Outcome {
     /// Files no etag named (their hashes were taken, not checked).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     unchecked: Vec<String>,
+    /// What the check noticed and let pass (files of the listing not downloaded, a listing
+    /// that could not be read).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
 }
 
 /// The totals over every snapshot.
@@ -72,17 +76,28 @@ pub fn run(store: &Store, args: &Args, dir: Option<&Path>) -> anyhow::Result<Exi
     let listing = hub_cache::scan(&dir)
         .with_context(|| format!("cannot list the hub cache {}", dir.display()))?;
     // A hub id already recorded for a local repo goes on in that repo.
-    let mut repo_of: BTreeMap<String, String> = BTreeMap::new();
+    // A hub id recorded for a local repo goes on in that repo; recorded for two, in the one
+    // whose ref changed last (the one the @hf view shows).
+    let mut repo_of: BTreeMap<String, (std::time::SystemTime, String)> = BTreeMap::new();
     for record in store.hub_records()? {
-        repo_of.entry(record.hub_id).or_insert(record.repo);
+        let changed = store
+            .ref_path(&record.repo)
+            .ok()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .and_then(|m| m.modified().ok())
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let held = repo_of.get(&record.hub_id);
+        if held.is_none_or(|(t, _)| changed > *t) {
+            repo_of.insert(record.hub_id, (changed, record.repo));
+        }
     }
     let progress = Bar::on_terminal("");
     let total: usize = listing.repos.iter().map(|r| r.snapshots.len()).sum();
-    let mut outcomes = Vec::new();
+    let mut outcomes: Vec<Outcome> = Vec::new();
     for repo in &listing.repos {
         let name = repo_of
             .get(&repo.id)
-            .cloned()
+            .map(|(_, name)| name.clone())
             .unwrap_or_else(|| hub_cache::local_name(&repo.id));
         for snapshot in &repo.snapshots {
             let label = format!("{} ({}/{total})", snapshot.hub, outcomes.len() + 1);
@@ -92,7 +107,16 @@ pub fn run(store: &Store, args: &Args, dir: Option<&Path>) -> anyhow::Result<Exi
                     if let Some(bar) = &progress.0 {
                         bar.finish_and_clear();
                     }
-                    return Err(ImportError::Interrupted.into());
+                    if args.json {
+                        let out = serde_json::json!({"cache": dir, "snapshots": outcomes, "interrupted": true});
+                        println!("{}", serde_json::to_string_pretty(&out)?);
+                    }
+                    let done = outcomes.iter().filter(|o| o.status == "imported").count();
+                    anyhow::bail!(
+                        "interrupted: {} was not imported; the {} imported before it stay in the store",
+                        snapshot.hub,
+                        count(done, "snapshot"),
+                    );
                 }
                 Err(e) => Outcome {
                     status: "skipped",
@@ -173,6 +197,7 @@ fn outcome_of(snapshot: &CacheSnapshot, name: &str) -> Outcome {
         new_bytes: 0,
         saved_bytes: 0,
         unchecked: Vec::new(),
+        notes: Vec::new(),
     }
 }
 
@@ -209,6 +234,9 @@ fn say(o: &Outcome, bar: Option<&ProgressBar>) {
         (None, "skipped") => eprintln!("{line}"),
         (None, _) => println!("{line}"),
     }
+    for note in &o.notes {
+        eprintln!("tensorfs: note: {}@{}: {note}", o.hub_id, o.revision);
+    }
     for file in &o.unchecked {
         eprintln!(
             "tensorfs: warning: {}/{file}: no etag names it; taken unchecked",
@@ -229,14 +257,28 @@ fn one(
 ) -> Result<Outcome, ImportError> {
     let mut outcome = outcome_of(snapshot, name);
     let files = hub_cache::list(&snapshot.path).map_err(skip)?;
+    // A local repo of that name holding other models is not taken over.
+    let record = store.hub_record(name)?;
+    let ours = record.is_some_and(|r| r.hub_id == snapshot.hub.id);
+    if !ours
+        && store
+            .repo(name)?
+            .is_some_and(|r| r.roots().next().is_some())
+    {
+        return Err(ImportError::Usage(format!(
+            "{name} already holds models that are not hub repo {}: import the snapshot on its \
+             own with `tensorfs import {} --name local/OTHER`",
+            snapshot.hub.id,
+            snapshot.path.display()
+        )));
+    }
     let recorded = recorded_files(store, name, snapshot)?;
     let linked: Option<BTreeMap<&String, (u64, &str)>> = files
         .iter()
         .map(|(p, f)| Some((p, (f.size, f.linked_etag.as_deref()?))))
         .collect();
-    if linked.is_some() && linked == recorded.as_ref().map(as_linked) {
-        outcome.status = "up to date";
-        return Ok(outcome);
+    if linked.is_some() && linked == recorded.as_ref().map(|(files, _)| as_linked(files)) {
+        return up_to_date(store, name, snapshot, recorded, outcome);
     }
     if let Some(bar) = &progress.0 {
         bar.set_message(format!("checking {label}"));
@@ -245,9 +287,9 @@ fn one(
     let checked = hub_cache::check(snapshot, &repo.folder, &files, progress).map_err(skip)?;
     outcome.bytes_read = checked.bytes;
     outcome.unchecked = checked.unchecked.clone();
-    if recorded.as_ref() == Some(&checked.files) {
-        outcome.status = "up to date";
-        return Ok(outcome);
+    outcome.notes = checked.notes.clone();
+    if recorded.as_ref().map(|(files, _)| files) == Some(&checked.files) {
+        return up_to_date(store, name, snapshot, recorded, outcome);
     }
     if let Some(bar) = &progress.0 {
         bar.set_message(format!("importing {label}"));
@@ -259,7 +301,7 @@ fn one(
     }
     config.converter = args.converter.clone();
     config.hub = Some(snapshot.hub.clone());
-    config.hub_refs = snapshot.refs.clone();
+    config.hub_refs = Some(snapshot.refs.clone());
     config.hub_files = Some(checked.files);
     config.cancel = Some(&STOP);
     let report = import(
@@ -288,13 +330,36 @@ fn skip(e: hub_cache::SnapshotError) -> ImportError {
     }
 }
 
-/// The files recorded for `snapshot`'s revision in local repo `name`, when every commit
-/// recorded with them is still in the repo.
+/// What was recorded for a revision: its file listing and its refs.
+type Recorded = (BTreeMap<String, TreeEntry>, Vec<String>);
+
+/// A snapshot imported before: its refs recorded anew when the cache's moved.
+fn up_to_date(
+    store: &Store,
+    name: &str,
+    snapshot: &CacheSnapshot,
+    recorded: Option<Recorded>,
+    mut outcome: Outcome,
+) -> Result<Outcome, ImportError> {
+    outcome.status = "up to date";
+    if recorded.is_some_and(|(_, refs)| refs != snapshot.refs) {
+        let revision = HubRevision {
+            refs: snapshot.refs.clone(),
+            ..HubRevision::new(snapshot.hub.revision.clone(), Vec::new())
+        };
+        store.record_hub(name, &snapshot.hub.id, revision)?;
+    }
+    Ok(outcome)
+}
+
+/// The files and refs recorded for `snapshot`'s revision in local repo `name`, when every
+/// commit recorded with them is still in the repo with every object of its closure (a blob
+/// `verify --repair` removed is imported again).
 fn recorded_files(
     store: &Store,
     name: &str,
     snapshot: &CacheSnapshot,
-) -> Result<Option<BTreeMap<String, TreeEntry>>, ImportError> {
+) -> Result<Option<Recorded>, ImportError> {
     let Some(record) = store.hub_record(name)? else {
         return Ok(None);
     };
@@ -311,13 +376,17 @@ fn recorded_files(
     let Some(repo) = store.repo(name)? else {
         return Ok(None);
     };
-    let present = revision
-        .commits
-        .iter()
-        .all(|c| repo.roots().any(|r| r == c) && store.contains(c));
+    let complete = |c: &crate::format::ObjectRef| {
+        repo.roots().any(|r| r == c)
+            && store
+                .commit(c)
+                .is_ok_and(|commit| commit.closure().iter().all(|o| store.contains(o)))
+    };
+    let present = !revision.commits.is_empty() && revision.commits.iter().all(complete);
     Ok(revision
         .files
-        .filter(|_| present && !revision.commits.is_empty()))
+        .filter(|_| present)
+        .map(|files| (files, revision.refs)))
 }
 
 fn as_linked(files: &BTreeMap<String, TreeEntry>) -> BTreeMap<&String, (u64, &str)> {

@@ -141,13 +141,10 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::FAILURE)
 }
 
-/// A commit's lane and closure (spec §7): the tree, its files, its header's chunks and assets.
+/// A commit's lane and closure.
 fn closure(store: &Store, id: &ObjectRef) -> anyhow::Result<(Option<String>, Vec<ObjectRef>)> {
     let commit = store.commit(id)?;
-    let mut out = vec![*id];
-    out.extend(commit.tree.files.values().copied());
-    out.extend(commit.header.objects().copied());
-    Ok((commit.tree.lane.clone(), out))
+    Ok((commit.tree.lane.clone(), commit.closure()))
 }
 
 /// Hashes `blobs` on every core; returns the damaged ones.

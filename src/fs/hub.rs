@@ -20,9 +20,11 @@
 //!   revision with the same commits, else by a 40-hex digest of their ids ([`group_id`]);
 //! - each commit no group above holds, alone, named by a digest of its id.
 //!
-//! Refs: `main` names `latest`'s snapshot; each release version names its own; a ref the hub
-//! cache had when imported names its revision; and each commit's 64-hex id names a snapshot
-//! that holds it (a recorded revision or release first), so `revision=<our commit id>` works.
+//! Refs: a ref recorded with a hub revision (the hub cache's refs when imported; `main` for an
+//! import naming its revision) names it; each release version names its own; `main`, when no
+//! revision recorded it, names `latest`'s snapshot; and each commit's 64-hex id names a
+//! snapshot that holds it (a recorded revision or release first), so
+//! `revision=<our commit id>` works.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -249,14 +251,18 @@ impl HubRepo {
                 }
             }
         };
+        // A ref the hub cache had (recorded above) wins over a derived one of the same name:
+        // `main` is the cache's main, not whichever lanes are newest.
         for release in &repo.releases {
             let id = group_of(release.lanes.values().copied().collect(), &mut groups);
-            refs.insert(release.version.clone(), id);
+            refs.entry(release.version.clone()).or_insert(id);
         }
-        let latest = revisions::lanes(repo, Revision::Latest, &mut lane_of)?;
-        if !latest.is_empty() {
-            let id = group_of(latest.into_iter().map(|(_, c)| c).collect(), &mut groups);
-            refs.insert("main".to_owned(), id);
+        if !refs.contains_key("main") {
+            let latest = revisions::lanes(repo, Revision::Latest, &mut lane_of)?;
+            if !latest.is_empty() {
+                let id = group_of(latest.into_iter().map(|(_, c)| c).collect(), &mut groups);
+                refs.insert("main".to_owned(), id);
+            }
         }
         for commit in repo.roots() {
             let holder = groups.iter().find(|g| g.commits.contains(commit));

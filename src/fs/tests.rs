@@ -269,7 +269,10 @@ fn sample(f: &Fixture) -> (ObjectRef, ObjectRef, ObjectRef) {
 fn every_level_lists_its_children() {
     let f = fixture(FsConfig::default());
     let (old, new, draft) = sample(&f);
-    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "@hf", "@comfyui"]);
+    assert_eq!(
+        names(&f.fs, ROOT_INO),
+        [".", "..", "acme", "@hf", "@comfyui"]
+    );
     let acme = walk(&f.fs, "acme").unwrap().attr.ino;
     assert_eq!(names(&f.fs, acme), [".", "..", "sd"]);
     let sd = walk(&f.fs, "acme/sd").unwrap().attr.ino;
@@ -502,7 +505,10 @@ fn a_ref_added_while_mounted_appears_and_latest_moves_to_a_new_inode() {
             commits: vec![other],
         },
     ]);
-    assert_eq!(names(&f.fs, ROOT_INO), [".", "..", "acme", "beta", "@hf", "@comfyui"]);
+    assert_eq!(
+        names(&f.fs, ROOT_INO),
+        [".", "..", "acme", "beta", "@hf", "@comfyui"]
+    );
     let y = walk(&f.fs, "beta/x/latest/_/y").unwrap().attr.ino;
     assert_eq!(read_all(&f.fs, y).unwrap(), b"y");
     let latest = walk(&f.fs, "acme/sd/latest/bf16").unwrap().attr.ino;

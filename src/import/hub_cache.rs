@@ -13,8 +13,10 @@
 //!
 //! An etag is the file's SHA-256 for an LFS file and its git blob SHA-1 (of `blob <len>\0`
 //! and the bytes) otherwise. [`check`] hashes every file of a snapshot and compares it with
-//! the etag its link names and with the listing's entry; a file the listing names that the
-//! snapshot lacks makes it partial. Nothing in the cache is written.
+//! the etag its link names and with the listing's entry. The listing names the whole repo,
+//! but a download may ask for part of it (`allow_patterns`, one Diffusers variant): a snapshot
+//! is partial only when a download it lacks did not finish (its `<etag>.incomplete` blob is
+//! there) or a weights index names a shard it lacks. Nothing in the cache is written.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -320,6 +322,9 @@ pub struct Checked {
     /// Files nothing named an etag for (copied in, not linked, and no listing): their hashes
     /// were taken, not checked.
     pub unchecked: Vec<String>,
+    /// What was noticed and let pass: files of the listing that were not downloaded, a listing
+    /// that could not be read.
+    pub notes: Vec<String>,
 }
 
 /// Reads every file of `snapshot` and checks it against the etag its link names and against
@@ -336,32 +341,28 @@ pub fn check(
     progress: &dyn Progress,
 ) -> Result<Checked, SnapshotError> {
     let commit = snapshot.hub.revision.as_deref().unwrap_or_default();
-    let listing = tree_listing(folder, commit)?;
+    let mut notes = Vec::new();
+    // As huggingface_hub does, a listing it cannot read is ignored.
+    let listing = tree_listing(folder, commit).unwrap_or_else(|e| {
+        notes.push(format!("{e}; checked without it"));
+        None
+    });
     if let Some(listing) = &listing {
         let missing: Vec<&str> = listing
-            .keys()
-            .filter(|p| !files.contains_key(*p))
-            .map(String::as_str)
+            .iter()
+            .filter(|(p, _)| !files.contains_key(*p))
+            .map(|(p, _)| p.as_str())
             .collect();
+        partial(snapshot, folder, listing, files, &missing)?;
         if !missing.is_empty() {
-            let shown = missing
-                .iter()
-                .take(3)
-                .copied()
-                .collect::<Vec<_>>()
-                .join(", ");
-            let more = match missing.len() {
-                n if n > 3 => format!(" and {} more", n - 3),
-                _ => String::new(),
-            };
-            return Err(refuse(
-                &snapshot.path,
-                format!(
-                    "partial: {} of the {} files its tree listing names {} missing ({shown}{more})",
-                    missing.len(),
-                    listing.len(),
-                    if missing.len() == 1 { "is" } else { "are" },
-                ),
+            // Downloads name what they want (allow_patterns; Diffusers asks for one variant):
+            // the listing names the whole repo.
+            notes.push(format!(
+                "{} of the {} files its tree listing names were not downloaded ({}); the \
+                 snapshot is imported as it is",
+                missing.len(),
+                listing.len(),
+                shown(&missing)
             ));
         }
     }
@@ -437,7 +438,86 @@ pub fn check(
         bytes: files.values().map(|f| f.size).sum(),
         files: entries.into_iter().map(|(rel, e, _)| (rel, e)).collect(),
         unchecked,
+        notes,
     })
+}
+
+/// The first three of `paths`, and how many more.
+fn shown(paths: &[&str]) -> String {
+    let first = paths.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+    match paths.len() {
+        n if n > 3 => format!("{first} and {} more", n - 3),
+        _ => first,
+    }
+}
+
+/// Refuses a snapshot whose download did not finish: a file of the listing is missing and its
+/// blob lies in the repo's `blobs/` as `<etag>.incomplete` (huggingface_hub's name while it
+/// downloads), or a weights index in the snapshot names a shard it lacks. A file missing for
+/// neither reason was not asked for.
+fn partial(
+    snapshot: &CacheSnapshot,
+    folder: &Path,
+    listing: &BTreeMap<String, TreeEntry>,
+    files: &BTreeMap<String, SnapshotFile>,
+    missing: &[&str],
+) -> Result<(), SnapshotError> {
+    let unfinished: Vec<&str> = missing
+        .iter()
+        .copied()
+        .filter(|p| {
+            let etag = listing[*p].etag();
+            folder
+                .join("blobs")
+                .join(format!("{etag}.incomplete"))
+                .exists()
+        })
+        .collect();
+    if !unfinished.is_empty() {
+        return Err(refuse(
+            &snapshot.path,
+            format!(
+                "partial: the download of {} of the {} files its tree listing names did not \
+                 finish ({})",
+                unfinished.len(),
+                listing.len(),
+                shown(&unfinished)
+            ),
+        ));
+    }
+    for index in files.keys().filter(|p| p.contains(".safetensors.index")) {
+        let path = snapshot.path.join(index);
+        let Ok(text) = fs::read(&path) else { continue };
+        let Ok(parsed) = serde_json::from_slice::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let dir = index.rsplit_once('/').map_or("", |(d, _)| d);
+        let mut shards: Vec<String> = parsed["weight_map"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter_map(|v| v.as_str())
+            .map(|f| match dir {
+                "" => f.to_owned(),
+                dir => format!("{dir}/{f}"),
+            })
+            .filter(|f| !files.contains_key(f))
+            .collect();
+        shards.sort();
+        shards.dedup();
+        if !shards.is_empty() {
+            let names: Vec<&str> = shards.iter().map(String::as_str).collect();
+            return Err(refuse(
+                &path,
+                format!(
+                    "partial: it names {} shard(s) that the snapshot lacks ({})",
+                    shards.len(),
+                    shown(&names)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the hub would store a file as LFS when nothing says: its default

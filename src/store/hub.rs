@@ -292,8 +292,9 @@ impl Store {
     /// Records that `imported.commits` of local repo `name` were imported from revision
     /// `imported.revision` of hub repo `hub_id`, under the refs lock. A record naming another
     /// hub id is replaced: the local repo now stands for `hub_id`. A revision recorded before
-    /// keeps its commits (the new ones are added) and becomes the newest; `refs` and `files`
-    /// replace what it had when given.
+    /// keeps its commits (the new ones are added) and becomes the newest, unless no commits
+    /// are given: then only its refs and listing change. `refs` replace the revision's and are
+    /// taken from every other revision; `files` replace its listing when given.
     ///
     /// # Errors
     /// `name` is not `org/name`; the record cannot be read or written.
@@ -312,26 +313,38 @@ impl Store {
                 revisions: Vec::new(),
             },
         };
-        let mut revision = match record
-            .revisions
-            .iter()
-            .position(|r| r.revision == imported.revision)
-        {
-            Some(i) => record.revisions.remove(i),
-            None => HubRevision::new(imported.revision.clone(), Vec::new()),
-        };
-        revision.commits.retain(|c| !imported.commits.contains(c));
-        revision.commits.extend(imported.commits);
-        if !imported.refs.is_empty() {
-            for other in &mut record.revisions {
+        for other in &mut record.revisions {
+            if other.revision != imported.revision {
                 other.refs.retain(|r| !imported.refs.contains(r));
             }
-            revision.refs = imported.refs;
         }
-        if imported.files.is_some() {
-            revision.files = imported.files;
+        let found = record
+            .revisions
+            .iter()
+            .position(|r| r.revision == imported.revision);
+        match found {
+            // Nothing imported: the revision's refs and listing change where it is.
+            Some(i) if imported.commits.is_empty() => {
+                let revision = &mut record.revisions[i];
+                revision.refs = imported.refs;
+                if imported.files.is_some() {
+                    revision.files = imported.files;
+                }
+            }
+            found => {
+                let mut revision = match found {
+                    Some(i) => record.revisions.remove(i),
+                    None => HubRevision::new(imported.revision.clone(), Vec::new()),
+                };
+                revision.commits.retain(|c| !imported.commits.contains(c));
+                revision.commits.extend(imported.commits);
+                revision.refs = imported.refs;
+                if imported.files.is_some() {
+                    revision.files = imported.files;
+                }
+                record.revisions.push(revision);
+            }
         }
-        record.revisions.push(revision);
         let parent = path.parent().expect("record paths have parents");
         fs::create_dir_all(parent).map_err(io_err("create", parent))?;
         let json = serde_json::to_vec(&record).expect("a record serializes");

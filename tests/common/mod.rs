@@ -206,3 +206,33 @@ pub fn commits(said: &str) -> Vec<String> {
         .filter_map(|l| l.split('@').nth(1)?.split(' ').next().map(str::to_owned))
         .collect()
 }
+
+/// A hub cache written by huggingface_hub itself (`tools/fixtures/hub_cache.py`: its
+/// `snapshot_download` of `folder` as `repo` at `revision`, against a loopback server speaking
+/// the hub's routes) into `cache`. Returns the fixture's JSON line: the commit, the snapshot
+/// folder and each file's etag.
+pub fn hub_cache(
+    python: &Path,
+    folder: &Path,
+    repo: &str,
+    revision: &str,
+    cache: &Path,
+) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/hub_cache.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg("--folder")
+        .arg(folder)
+        .args(["--repo", repo, "--revision", revision])
+        .arg("--cache")
+        .arg(cache)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "hub_cache.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap()
+}
