@@ -198,5 +198,62 @@ fn comfyui_lists_each_model_once_in_the_folder_of_its_kind() {
         after["lists"]["loras"],
         serde_json::json!(["local/detail.safetensors", "local/style.safetensors"])
     );
+
+    // A repo's first lane keeps the bare name when it is imported again, and a name another
+    // repo's lane would also take (`sd15.f16`) goes to the repo that comes first.
+    let half = |keys: &[&str]| {
+        let tensors: Vec<T> = keys
+            .iter()
+            .map(|k| T(k, safetensors::Dtype::F16, vec![4], common::bytes(8, 7)))
+            .collect();
+        common::safetensors_file(&tensors, None)
+    };
+    let ckpt = [
+        "cond_stage_model.transformer.text_model.embeddings.position_ids",
+        "first_stage_model.decoder.conv_in.weight",
+        "model.diffusion_model.input_blocks.0.0.weight",
+    ];
+    let f16 = src.join("f16/sd15.safetensors");
+    common::write_tree(&src.join("f16"), &[("sd15.safetensors", half(&ckpt))]);
+    common::ok(
+        &root,
+        &["import", f16.to_str().unwrap(), "--name", "local/sd15"],
+    );
+    let v2 = src.join("v2/sd15.safetensors");
+    let mut changed = weights(&ckpt);
+    *changed.last_mut().unwrap() ^= 1;
+    common::write_tree(&src.join("v2"), &[("sd15.safetensors", changed.clone())]);
+    common::ok(
+        &root,
+        &["import", v2.to_str().unwrap(), "--name", "local/sd15"],
+    );
+    let clash = src.join("clash/x.safetensors");
+    common::write_tree(&src.join("clash"), &[("x.safetensors", weights(&ckpt[..]))]);
+    common::ok(
+        &root,
+        &[
+            "import",
+            clash.to_str().unwrap(),
+            "--name",
+            "local/sd15.f16",
+        ],
+    );
+    let checkpoints = view.join("checkpoints/local");
+    fuse_support::wait_for(
+        || fs::read(checkpoints.join("sd15.safetensors")).is_ok_and(|b| b == changed),
+        "the re-imported first lane under its bare name",
+    );
+    assert_eq!(
+        fs::read(checkpoints.join("sd15.f16.safetensors")).unwrap(),
+        half(&ckpt),
+        "the name goes to local/sd15, the repo that comes first"
+    );
+    let said = common::ok(&root, &["ls", "--comfyui"]);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("left out\tlocal/sd15.f16/latest/")
+                && l.contains("is taken by \"local/sd15\"")),
+        "{said}"
+    );
     m.unmount();
 }

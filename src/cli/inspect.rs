@@ -118,11 +118,12 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
 /// left out, as [`crate::layout::comfyui::entries`] sorts them.
 fn ls_comfyui(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
     use crate::layout::comfyui::{self, Shows};
+    let lane_of = |c: &crate::format::ObjectRef| store.tree(c).map(|t| t.lane);
+    // Every repo's entries by folder, in repo order (the order that claims names).
+    let mut by_folder: BTreeMap<String, Vec<(String, serde_json::Value)>> = BTreeMap::new();
     let mut rows = Vec::new();
     for repo in store.repos()? {
-        let lanes = crate::revisions::lanes(&repo, crate::revisions::Revision::Latest, |c| {
-            store.tree(c).map(|t| t.lane)
-        });
+        let lanes = crate::revisions::lanes(&repo, crate::revisions::Revision::Latest, lane_of);
         let mut lanes = match lanes {
             Ok(lanes) => lanes,
             Err(e) => {
@@ -130,7 +131,7 @@ fn ls_comfyui(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        comfyui::order_lanes(&repo, &mut lanes);
+        comfyui::order_lanes(&repo, &mut lanes, lane_of);
         for (i, (lane, commit)) in lanes.iter().enumerate() {
             let view = store
                 .commit(commit)
@@ -149,11 +150,28 @@ fn ls_comfyui(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
                     Shows::File(f) => f,
                     Shows::Lane => String::new(),
                 };
-                rows.push(json!({"shown": format!("{}/{}", e.folder, e.path), "repo": repo.name, "lane": lane, "file": file}));
+                let row = json!({"shown": format!("{}/{}", e.folder, e.path), "repo": repo.name, "lane": lane, "file": file});
+                by_folder.entry(e.folder).or_default().push((e.path, row));
             }
             for l in left_out {
                 rows.push(json!({"shown": null, "repo": repo.name, "lane": lane, "file": l.file, "why": l.why}));
             }
+        }
+    }
+    for entries in by_folder.into_values() {
+        let paths: Vec<&str> = entries.iter().map(|(p, _)| p.as_str()).collect();
+        let lost = comfyui::collisions(&paths);
+        for (i, (_, row)) in entries.iter().enumerate() {
+            let mut row = row.clone();
+            if let Some(&(_, by)) = lost.iter().find(|(l, _)| *l == i) {
+                let why = format!(
+                    "its name {} is taken by {}",
+                    row["shown"], entries[by].1["repo"]
+                );
+                row["shown"] = serde_json::Value::Null;
+                row["why"] = why.into();
+            }
+            rows.push(row);
         }
     }
     if json {

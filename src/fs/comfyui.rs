@@ -37,6 +37,10 @@ struct Shown {
     shows: Shows,
     /// The ref mtime of its repo.
     mtime: SystemTime,
+    /// A file's size in bytes and its lane's mtime, taken when the index was built (so a
+    /// listing of many files builds no lane view again).
+    size: u64,
+    lane_mtime: SystemTime,
 }
 
 /// The view as the refs were read at one moment.
@@ -84,7 +88,7 @@ impl TensorFs {
                 }) else {
                     continue;
                 };
-                comfyui::order_lanes(repo, &mut lanes);
+                comfyui::order_lanes(repo, &mut lanes, |c| self.commit_lane(c).map(|l| l.lane));
                 for (i, (label, commit)) in lanes.iter().enumerate() {
                     let lane = LaneRef {
                         commit: *commit,
@@ -96,10 +100,18 @@ impl TensorFs {
                     let (entries, _) =
                         comfyui::entries(&built.contents.view, &repo.name, label, i == 0);
                     for e in entries {
+                        let size = match &e.shows {
+                            Shows::File(f) => {
+                                built.contents.view.file(f).map_or(0, |f| f.content.size())
+                            }
+                            Shows::Lane => 0,
+                        };
                         let shown = Shown {
                             lane,
                             shows: e.shows,
                             mtime: entry.mtime,
+                            size,
+                            lane_mtime: built.contents.mtime,
                         };
                         by_folder.entry(e.folder).or_default().push((e.path, shown));
                     }
@@ -109,12 +121,28 @@ impl TensorFs {
         let entries = by_folder
             .into_iter()
             .map(|(folder, mut shown)| {
-                shown.sort_by(|a, b| a.0.cmp(&b.0));
-                shown.dedup_by(|a, b| a.0 == b.0);
-                let folders = Folders::index(shown.iter().map(|(p, _)| p.as_str()));
+                // Repos in name order claim names: one that finds its name taken is left out.
+                let paths: Vec<&str> = shown.iter().map(|(p, _)| p.as_str()).collect();
+                let lost = comfyui::collisions(&paths);
+                for &(i, by) in &lost {
+                    tracing::warn!(
+                        "{COMFYUI_VIEW}/{folder}/{}: the name is taken by {}; left out",
+                        shown[i].0,
+                        shown[by].0
+                    );
+                }
+                let lost: std::collections::HashSet<usize> = lost.iter().map(|(i, _)| *i).collect();
+                let mut kept: Vec<(String, Shown)> = shown
+                    .drain(..)
+                    .enumerate()
+                    .filter(|(i, _)| !lost.contains(i))
+                    .map(|(_, e)| e)
+                    .collect();
+                kept.sort_by(|a, b| a.0.cmp(&b.0));
+                let folders = Folders::index(kept.iter().map(|(p, _)| p.as_str()));
                 (
                     folder,
-                    (folders, shown.into_iter().map(|(_, s)| s).collect()),
+                    (folders, kept.into_iter().map(|(_, s)| s).collect()),
                 )
             })
             .collect();
@@ -156,9 +184,23 @@ impl TensorFs {
         let Node::ComfyDir { path } = &dir.node else {
             return Ok(None);
         };
-        let children = self.comfy_children(path)?;
-        let Some((_, shown)) = children.into_iter().find(|(n, _)| n == name) else {
-            return Ok(None);
+        let shown = match path.as_str() {
+            "" => match comfyui::table().folder(name) {
+                Some(_) => None,
+                None => return Ok(None),
+            },
+            path => {
+                let index = self.comfy_index()?;
+                let Some((_, (folders, _))) = comfy_folder(&index, path) else {
+                    return Ok(None);
+                };
+                let rest = path.split_once('/').map_or("", |(_, r)| r);
+                match folders.child(rest, name).map(|c| c.kind) {
+                    None => return Ok(None),
+                    Some(ChildKind::Dir) => None,
+                    Some(ChildKind::File(i)) => Some(i),
+                }
+            }
         };
         self.comfy_inode(dir.ino, path, name, shown).map(Some)
     }
@@ -201,14 +243,8 @@ impl TensorFs {
                 },
             ),
             Shows::File(file) => {
-                let lane = self.lane(&shown.lane)?;
-                let size = lane
-                    .contents
-                    .view
-                    .file(file)
-                    .map_or(0, |f| f.content.size());
                 self.inodes
-                    .file(parent, &shown.lane, file, size, lane.contents.mtime)
+                    .file(parent, &shown.lane, file, shown.size, shown.lane_mtime)
             }
         })
     }
@@ -231,13 +267,11 @@ impl TensorFs {
             },
         };
         let newest = shown.iter().map(|s| s.mtime).max().unwrap_or(UNIX_EPOCH);
+        // ComfyUI caches names only: a file whose bytes changed under the same name needs no
+        // new listing.
         let mut hasher = DefaultHasher::new();
         for (name, child) in self.comfy_children(path)? {
-            name.hash(&mut hasher);
-            if let Some(i) = child {
-                let (_, (_, all)) = comfy_folder(&index, path).expect("a listed folder");
-                all[i].lane.hash(&mut hasher);
-            }
+            (name, child.is_some()).hash(&mut hasher);
         }
         let listing = hasher.finish();
         let mut state = lock(&self.comfy);

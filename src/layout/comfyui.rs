@@ -65,6 +65,8 @@ pub enum Condition {
     EveryKeyStartsWith(Vec<String>),
     /// Every key ends with one of these.
     EveryKeyEndsWith(Vec<String>),
+    /// Every key is one of these.
+    EveryKeyIn(Vec<String>),
 }
 
 impl Condition {
@@ -82,6 +84,7 @@ impl Condition {
                 every(&|k| p.iter().any(|p| k.starts_with(p.as_str())))
             }
             Condition::EveryKeyEndsWith(p) => every(&|k| p.iter().any(|p| k.ends_with(p.as_str()))),
+            Condition::EveryKeyIn(p) => every(&|k| p.iter().any(|p| k == p)),
         }
     }
 }
@@ -215,17 +218,52 @@ pub fn entries(view: &LaneView, repo: &str, lane: &str, first: bool) -> (Vec<Ent
     (entries, left_out)
 }
 
-/// Orders a repo's `latest` lanes as the view names them: the lane of the oldest commit first
-/// (shown without its label; an import publishes its default lane first), then by age and
-/// label.
-pub fn order_lanes(repo: &crate::format::Repo, lanes: &mut [(String, crate::format::ObjectRef)]) {
-    let age = |c: &crate::format::ObjectRef| {
-        repo.commits
-            .iter()
-            .position(|x| x == c)
-            .unwrap_or(usize::MAX)
-    };
-    lanes.sort_by(|(a, ca), (b, cb)| age(ca).cmp(&age(cb)).then(a.cmp(b)));
+/// Orders a repo's `latest` lanes as the view names them: first the lane whose label the repo
+/// had first (shown without its label; an import publishes its default lane first, and a
+/// re-import of it keeps it first), then by when each label first appeared, then by label.
+/// `lane_of` gives a commit's lane label (reading its tree); a commit it cannot read counts
+/// as having none.
+pub fn order_lanes<E>(
+    repo: &crate::format::Repo,
+    lanes: &mut [(String, crate::format::ObjectRef)],
+    mut lane_of: impl FnMut(&crate::format::ObjectRef) -> Result<Option<String>, E>,
+) {
+    let mut first_seen: std::collections::HashMap<String, usize> = Default::default();
+    for (i, commit) in repo.roots().enumerate() {
+        let label = lane_of(commit).ok().flatten();
+        let label = label.unwrap_or_else(|| crate::revisions::NO_LANE.to_owned());
+        first_seen.entry(label).or_insert(i);
+    }
+    let age = |label: &String| first_seen.get(label).copied().unwrap_or(usize::MAX);
+    lanes.sort_by(|(a, _), (b, _)| age(a).cmp(&age(b)).then(a.cmp(b)));
+}
+
+/// The entries of `paths` (in the order given: the first claim wins) that lose their name: a
+/// path another entry took already, or one that is a file where another is a folder (or the
+/// reverse). The view leaves them out and `ls --comfyui` says which entry took the name.
+pub fn collisions(paths: &[&str]) -> Vec<(usize, usize)> {
+    let mut taken: std::collections::HashMap<&str, usize> = Default::default();
+    let mut folders: std::collections::HashMap<String, usize> = Default::default();
+    let mut lost = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let prefixes: Vec<String> = path
+            .match_indices('/')
+            .map(|(at, _)| path[..at].to_owned())
+            .collect();
+        let by = taken
+            .get(path)
+            .or_else(|| folders.get(*path))
+            .or_else(|| prefixes.iter().find_map(|p| taken.get(p.as_str())));
+        if let Some(&by) = by {
+            lost.push((i, by));
+            continue;
+        }
+        taken.insert(path, i);
+        for p in prefixes {
+            folders.entry(p).or_insert(i);
+        }
+    }
+    lost
 }
 
 /// `…-00001-of-00003.<ext>`: one shard of a sharded checkpoint.
@@ -378,6 +416,34 @@ mod tests {
             (&["emb_params"], Some("embeddings")),
             (&["clip_g", "clip_l"], Some("embeddings")),
             (
+                &["clip_l.transformer.text_model.embeddings.token_embedding.weight"],
+                Some("text_encoders"),
+            ),
+            (
+                &[
+                    "cap_embedder.1.weight",
+                    "layers.0.attention.qkv.weight",
+                    "x_embedder.weight",
+                ],
+                Some("diffusion_models"),
+            ),
+            (
+                &["double_layers.0.attn.w1q.weight"],
+                Some("diffusion_models"),
+            ),
+            (
+                &[
+                    "conv1.weight",
+                    "decoder.conv1.weight",
+                    "encoder.conv1.weight",
+                ],
+                Some("vae"),
+            ),
+            (
+                &["visual.transformer.resblocks.0.attn.in_proj_weight"],
+                Some("clip_vision"),
+            ),
+            (
                 &["conv_first.weight", "RRDB_trunk.0.RDB1.conv1.weight"],
                 Some("upscale_models"),
             ),
@@ -387,6 +453,19 @@ mod tests {
         for (keys, want) in cases {
             assert_eq!(kind(keys), *want, "{keys:?}");
         }
+    }
+
+    #[test]
+    fn a_name_claimed_twice_or_as_file_and_folder_goes_to_the_first() {
+        let paths = [
+            "local/sd15.f16.safetensors",
+            "local/sd15.f16.safetensors",
+            "local/lokr.safetensors",
+            "local/lokr.safetensors/a.safetensors",
+            "local/pack/a.safetensors",
+            "local/pack",
+        ];
+        assert_eq!(collisions(&paths), [(1, 0), (3, 2), (5, 4)]);
     }
 
     #[test]
