@@ -46,8 +46,8 @@ struct Shown {
 /// The view as the refs were read at one moment.
 #[derive(Debug, Default)]
 pub(super) struct ComfyIndex {
-    /// Model folder (canonical name) → its entries' paths (`ORG/NAME.safetensors`) and what
-    /// each shows, in [`ComfyIndex::folders`] index order.
+    /// Model folder (canonical name) → its entries' paths (`ORG/NAME.safetensors`) indexed as
+    /// folders, and what each shows (a file child's index points into the list).
     entries: BTreeMap<String, (Folders, Vec<Shown>)>,
 }
 

@@ -279,7 +279,8 @@ impl HubRepo {
         }
         let refs: Vec<(String, String)> = refs
             .into_iter()
-            .filter(|(name, _)| is_ref_path(name))
+            // A ref must be a file under `refs/`: segments that are names, no `..`.
+            .filter(|(name, _)| crate::format::names::is_path(name))
             .collect();
         let ref_folders = Folders::index(refs.iter().map(|(name, _)| name.as_str()));
         Ok(HubRepoView {
@@ -288,11 +289,6 @@ impl HubRepo {
             snapshots: groups.into_iter().map(|g| (g.id.clone(), g)).collect(),
         })
     }
-}
-
-/// Whether `name` can be a file under `refs/`: segments that are names, no `..`.
-fn is_ref_path(name: &str) -> bool {
-    crate::format::names::is_path(name)
 }
 
 /// huggingface_hub's tree cache file (`trees/<commit>.json`, `format_version` 1) of the
