@@ -244,6 +244,13 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
     let etag = made["acme/partial"]["files"]["vocab.txt"].as_str().unwrap();
     let blobs = cache.join("models--acme--partial/blobs");
     fs::rename(blobs.join(etag), blobs.join(format!("{etag}.incomplete"))).unwrap();
+    // An unreadable listing is ignored (as huggingface_hub ignores it): the links still check.
+    let solo = made["solo"]["commit"].as_str().unwrap();
+    fs::write(
+        cache.join(format!("models--solo/trees/{solo}.json")),
+        b"{not json",
+    )
+    .unwrap();
     // Not asked for (allow_patterns): a file of the listing never downloaded is no damage.
     fs::remove_file(snapshot("acme/subset").join("README.md")).unwrap();
     // Dangling: the blob behind a link is gone.
@@ -292,6 +299,10 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
         };
         assert!(line.contains(&format!("{}: ", named.display())), "{line}");
     }
+    assert!(
+        errors.contains("not a tree listing") && errors.contains("checked without it"),
+        "{errors}"
+    );
     assert!(
         errors.contains("1 of the 6 files its tree listing names were not downloaded (README.md)"),
         "{errors}"

@@ -205,3 +205,31 @@ mounts_cleanup() {
 lanes_of() {
     find "$1" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort
 }
+
+# The EXIT trap of an end-to-end script: unmounts what it mounted, shows the mount daemon's
+# last log lines on failure, removes $work (kept with KEEP_E2E=1), and prints
+# "<label>: $result" (a FAIL line when the script failed or set no result). Call once:
+#   e2e_traps "diffusers e2e"
+e2e_traps() {
+    _e2e_label="$1"
+    work="${work:-}"
+    result="${result:-}"
+    trap _e2e_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+_e2e_cleanup() {
+    local rc=$?
+    set +e
+    mounts_cleanup
+    if [ -n "$work" ]; then
+        if [ $rc -ne 0 ] && [ -s "$work/mount.log" ]; then
+            log "the mount daemon's log (last lines):"
+            tail -n 20 "$work/mount.log" >&2
+        fi
+        if [ "${KEEP_E2E:-0}" = 1 ]; then log "kept $work"; else rm -rf "$work"; fi
+    fi
+    [ $rc -eq 0 ] && [ -n "$result" ] || result="FAIL — see the output above (exit code $rc)"
+    echo "$_e2e_label: $result"
+    exit $rc
+}

@@ -14,26 +14,7 @@ set -euo pipefail
 # shellcheck source=tools/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-work=""
-result=""
-cleanup() {
-    local rc=$?
-    set +e
-    mounts_cleanup
-    if [ -n "$work" ]; then
-        if [ $rc -ne 0 ] && [ -s "$work/mount.log" ]; then
-            log "the mount daemon's log (last lines):"
-            tail -n 20 "$work/mount.log" >&2
-        fi
-        if [ "${KEEP_E2E:-0}" = 1 ]; then log "kept $work"; else rm -rf "$work"; fi
-    fi
-    [ $rc -eq 0 ] && [ -n "$result" ] || result="FAIL — see the output above (exit code $rc)"
-    echo "diffusers e2e: $result"
-    exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+e2e_traps "diffusers e2e"
 
 [ -x "$TENSORFS_BIN" ] || die "$TENSORFS_BIN is missing: run cargo build --release first"
 py="$(venv_python)"
