@@ -35,7 +35,7 @@ pub struct Cli {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Import a Diffusers or Transformers folder, or .safetensors and .gguf files, as local/NAME.
+    /// Import a Diffusers or Transformers folder, or .safetensors (.sft) and .gguf files, as local/NAME.
     Import(import::Args),
     /// List the store's repos, revisions and lanes.
     Ls(inspect::LsArgs),
@@ -91,8 +91,9 @@ impl Cli {
     }
 
     /// Runs `verb` on the store, created when absent; when the store was created for it and
-    /// `verb` fails, the new store is removed again, with any folders made for it, so a failed
-    /// command leaves no store behind (nothing was there before).
+    /// `verb` failed or stored nothing (an empty hub cache), the new store is removed again, with
+    /// any folders made for it, so such a command leaves no store behind (nothing was there
+    /// before).
     ///
     /// # Errors
     /// The store cannot be opened, or `verb`'s error.
@@ -109,7 +110,7 @@ impl Cli {
             .map(Path::to_path_buf);
         let store = Store::open(&root)?;
         let result = verb(&store);
-        if let (Err(_), Some(top)) = (&result, created) {
+        if let Some(top) = created {
             // Best effort: the command's own error is what the user needs to see.
             if store.remove_if_unused().unwrap_or(false) {
                 let mut dir = root.parent();

@@ -93,6 +93,67 @@ fn the_same_bytes_from_another_path_give_the_same_ids() {
 }
 
 #[test]
+fn an_sft_file_imports_as_the_safetensors_file_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = safetensors_file(
+        &[T(
+            "conv_first.weight",
+            safetensors::Dtype::F32,
+            vec![4],
+            floats(4, 3),
+        )],
+        None,
+    );
+    write_tree(
+        dir.path(),
+        &[
+            ("a/upscaler.sft", weights.clone()),
+            ("b/upscaler.safetensors", weights.clone()),
+        ],
+    );
+    let store = dir.path().join("store");
+    let import = |file: &str, name: &str| {
+        let said = ok(
+            &store,
+            &[
+                "import",
+                &dir.path().join(file).to_string_lossy(),
+                "--name",
+                name,
+                "--json",
+            ],
+        );
+        serde_json::from_str::<serde_json::Value>(&said).unwrap()["lanes"][0]["commit"].clone()
+    };
+    // ComfyUI reads `.sft` as safetensors; so does the import, under the format's own name.
+    assert_eq!(
+        import("a/upscaler.sft", "local/sft"),
+        import("b/upscaler.safetensors", "local/st")
+    );
+    let out = dir.path().join("out");
+    export(&store, "local/sft", None, &out);
+    assert_eq!(
+        files_of(&out).into_iter().collect::<Vec<_>>(),
+        [("upscaler.safetensors".to_owned(), weights)]
+    );
+    // Both at once would be one file twice.
+    let err = fails(
+        &store,
+        &[
+            "import",
+            &dir.path().join("a/upscaler.sft").to_string_lossy(),
+            &dir.path().join("b/upscaler.safetensors").to_string_lossy(),
+            "--name",
+            "local/both",
+        ],
+    );
+    assert!(
+        err.contains("upscaler.sft is also shown as upscaler.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
 fn identical_tensors_are_stored_once_across_models() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
@@ -651,10 +712,7 @@ fn an_interrupted_import_into_a_new_store_leaves_no_store() {
             .unwrap();
         // Once it writes chunks (a temp file in tmp/), its handlers are in place.
         let start = std::time::Instant::now();
-        while !fs::read_dir(store.join("tmp")).is_ok_and(|d| {
-            d.flatten()
-                .any(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
-        }) {
+        while !staging(&store) {
             assert!(
                 start.elapsed().as_secs() < 30,
                 "the import never wrote a chunk"

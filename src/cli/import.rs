@@ -15,8 +15,8 @@ use crate::store::Store;
 /// Arguments of `import`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A Diffusers folder (with model_index.json), a Transformers folder, or .safetensors and
-    /// .gguf files.
+    /// A Diffusers folder (with model_index.json), a Transformers folder, or .safetensors,
+    /// .sft and .gguf files.
     #[arg(required_unless_present = "hf_cache", value_name = "SRC")]
     pub sources: Vec<PathBuf>,
     /// The repo to add the commits to: local/<name>.

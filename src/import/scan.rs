@@ -16,7 +16,7 @@ pub(crate) enum Kind {
     Diffusers,
     /// Any other folder: a Transformers model (or a folder of weights).
     Transformers,
-    /// One or more loose `.safetensors` and `.gguf` files.
+    /// One or more loose `.safetensors` (or `.sft`) and `.gguf` files.
     Files,
 }
 
@@ -37,7 +37,14 @@ const FOREIGN_WEIGHTS: [&str; 8] = [
     ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".msgpack", ".h5", ".gguf",
 ];
 
-/// Lists `sources`: one folder, or any number of `.safetensors` and `.gguf` files.
+/// The extension ComfyUI also reads as safetensors (`comfy/utils.py` `load_torch_file`). A loose
+/// `NAME.sft` is imported as the safetensors file it is and shown as `NAME.safetensors`, the name
+/// the format gives a component's weights, so its commit is the one of the same bytes named so.
+/// Inside a folder an `.sft` stays a repo file, byte for byte.
+const SFT: &str = ".sft";
+
+/// Lists `sources`: one folder, or any number of `.safetensors`, `.sft` and `.gguf` files (an
+/// `.sft` listed under its `.safetensors` name).
 ///
 /// # Errors
 /// No sources, a mix of folders and files, a path that cannot be read, or a name no lane
@@ -70,15 +77,25 @@ pub(crate) fn scan(sources: &[PathBuf]) -> Result<Source, ImportError> {
                     .file_name()
                     .and_then(|n| n.to_str())
                     .ok_or_else(|| bad(path, "the file name is not UTF-8"))?;
-                if !meta.is_file() || !(name.ends_with(".safetensors") || is_gguf(name)) {
+                let shown = match name.strip_suffix(SFT) {
+                    Some(stem) => format!("{stem}.safetensors"),
+                    None => name.to_owned(),
+                };
+                if !meta.is_file() || !(shown.ends_with(".safetensors") || is_gguf(name)) {
                     return Err(bad(
                         path,
-                        "is neither a folder nor a .safetensors or .gguf file",
+                        "is neither a folder nor a .safetensors, .sft or .gguf file",
                     ));
                 }
                 check_name(path, name)?;
-                if files.insert(name.to_owned(), path.clone()).is_some() {
-                    return Err(bad(path, "two sources have this file name"));
+                if let Some(other) = files.insert(shown.clone(), path.clone()) {
+                    return Err(bad(
+                        path,
+                        &format!(
+                            "{} is also shown as {shown}; import them apart",
+                            other.display()
+                        ),
+                    ));
                 }
             }
             Ok(Source {
