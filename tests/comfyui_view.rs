@@ -257,3 +257,146 @@ fn comfyui_lists_each_model_once_in_the_folder_of_its_kind() {
     );
     m.unmount();
 }
+
+/// Where the blob of `id` (`sha256:<hex>`) lives in store `root`.
+fn blob(root: &Path, id: &str) -> std::path::PathBuf {
+    let hex = id.strip_prefix("sha256:").expect("an object id");
+    root.join(format!("blobs/{}/{}/{hex}", &hex[..2], &hex[2..4]))
+}
+
+#[test]
+fn a_lane_that_cannot_be_read_is_left_out_with_a_log_line_that_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let mut headers = Vec::new();
+    for (name, key) in [("good", "lora_unet_a"), ("broken", "lora_unet_b")] {
+        let file = dir.path().join(format!("{name}.safetensors"));
+        let keys = [
+            format!("{key}.lora_down.weight"),
+            format!("{key}.lora_up.weight"),
+        ];
+        fs::write(&file, weights(&keys.each_ref().map(String::as_str))).unwrap();
+        let said = common::ok(
+            &root,
+            &[
+                "import",
+                file.to_str().unwrap(),
+                "--name",
+                &format!("local/{name}"),
+                "--json",
+            ],
+        );
+        let said: serde_json::Value = serde_json::from_str(&said).unwrap();
+        headers.push(said["lanes"][0]["header"].as_str().unwrap().to_owned());
+    }
+    // The header of local/broken is gone: its commit still names its lane, its files cannot
+    // be shown.
+    fs::remove_file(blob(&root, &headers[1])).unwrap();
+    let store = Store::open(&root).unwrap();
+    let m = fuse_support::mount(&store);
+    assert_eq!(
+        fuse_support::list(&m.path("@comfyui/loras/local")),
+        ["good.safetensors"]
+    );
+    let logs = fuse_support::logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("ERROR") && l.contains("left out of the ComfyUI view"))
+        .unwrap_or_else(|| panic!("no line says the lane is left out:\n{logs}"));
+    assert!(
+        !line.contains("answering EIO"),
+        "listing the view answered no error: {line}"
+    );
+    m.unmount();
+}
+
+/// The table against the libraries that write the models (`tools/fixtures/comfyui_producers.py`):
+/// each tiny model saved by diffusers or transformers, imported as the component folder it is,
+/// is shown once, in the ComfyUI folder of its class.
+#[test]
+fn models_saved_by_their_own_libraries_go_to_the_folder_of_their_class() {
+    let Some(python) = std::env::var_os("TENSORFS_TEST_PYTHON") else {
+        skip::missing("TENSORFS_TEST_PYTHON is not set (a venv with diffusers and transformers)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/comfyui_producers.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(dir.path().join("made"))
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "comfyui_producers.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let made: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap();
+    let made = made.as_object().unwrap();
+    let root = dir.path().join("store");
+    for (name, model) in made {
+        common::ok(
+            &root,
+            &[
+                "import",
+                model["folder"].as_str().unwrap(),
+                "--name",
+                &format!("local/{name}"),
+            ],
+        );
+    }
+    let said = common::ok(&root, &["ls", "--comfyui"]);
+    let wrong: Vec<String> = made
+        .iter()
+        .filter_map(|(name, model)| {
+            let expect = model["expect"].as_str().unwrap();
+            let want = format!("{expect}/local/{name}.safetensors\tlocal/{name}/latest/");
+            let lines: Vec<&str> = said
+                .lines()
+                .filter(|l| l.contains(&format!("local/{name}/latest/")))
+                .collect();
+            (lines.len() != 1 || !lines[0].starts_with(&want))
+                .then(|| format!("{} ({name}) wants {expect}/: {lines:?}", model["class"]))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// GGUF files go where ComfyUI-GGUF's loaders look: a diffusion model under
+/// `diffusion_models/` (and `unet/`), a llama.cpp text model under `text_encoders/` (and
+/// `clip/`), byte for byte.
+#[test]
+fn gguf_files_go_where_comfyui_gguf_looks() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf");
+    for name in ["comfy-flux", "tiny-llama"] {
+        let file = data.join(format!("{name}.gguf"));
+        common::ok(
+            &root,
+            &[
+                "import",
+                file.to_str().unwrap(),
+                "--name",
+                &format!("local/{name}"),
+            ],
+        );
+    }
+    let store = Store::open(&root).unwrap();
+    let m = fuse_support::mount(&store);
+    for (folders, name) in [
+        (["diffusion_models", "unet"], "comfy-flux"),
+        (["text_encoders", "clip"], "tiny-llama"),
+    ] {
+        for folder in folders {
+            let shown = m.path(&format!("@comfyui/{folder}/local/{name}.gguf"));
+            assert_eq!(
+                fs::read(&shown).unwrap_or_else(|e| panic!("{}: {e}", shown.display())),
+                fs::read(data.join(format!("{name}.gguf"))).unwrap()
+            );
+        }
+    }
+    m.unmount();
+}

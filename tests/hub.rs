@@ -370,3 +370,160 @@ fn a_whole_hub_cache_imports_skipping_damaged_partial_and_dangling_snapshots() {
         "{said}"
     );
 }
+
+/// A shard its index names is missing from the snapshot with no download left unfinished: the
+/// model cannot load, so the snapshot is partial and skipped, naming the index and the shard.
+#[test]
+fn a_snapshot_missing_a_shard_its_index_names_is_partial() {
+    let Some(python) = std::env::var_os("TENSORFS_TEST_PYTHON") else {
+        skip::missing("TENSORFS_TEST_PYTHON is not set (a venv with huggingface_hub)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let shard = |key: &str, seed: u8| {
+        safetensors_file(
+            &[T(key, safetensors::Dtype::F32, vec![4], bytes(16, seed))],
+            None,
+        )
+    };
+    let index = br#"{"metadata": {"total_size": 32}, "weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}}"#;
+    write_tree(
+        &src,
+        &[
+            ("config.json", br#"{"model_type": "bert"}"#.to_vec()),
+            ("model-00001-of-00002.safetensors", shard("a.weight", 1)),
+            ("model-00002-of-00002.safetensors", shard("b.weight", 2)),
+            ("model.safetensors.index.json", index.to_vec()),
+        ],
+    );
+    let cache = dir.path().join("cache");
+    let made = hub_cache(Path::new(&python), &src, "acme/sharded", "main", &cache);
+    let snapshot = Path::new(made["snapshot"].as_str().unwrap()).to_path_buf();
+    let missing = "model-00002-of-00002.safetensors";
+    fs::remove_file(blob_of(&snapshot, missing)).unwrap();
+    fs::remove_file(snapshot.join(missing)).unwrap();
+
+    let store = dir.path().join("store");
+    let out = run(&store, &["import", "--hf-cache", cache.to_str().unwrap()]);
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{errors}");
+    let line = errors
+        .lines()
+        .find(|l| l.contains("skipped acme/sharded@"))
+        .unwrap_or_else(|| panic!("not skipped:\n{errors}"));
+    assert!(line.contains("partial"), "{line}");
+    assert!(
+        line.contains("model.safetensors.index.json") && line.contains(missing),
+        "the line names the index and the shard: {line}"
+    );
+    assert!(!store.exists(), "nothing imported, no store made");
+}
+
+#[test]
+fn an_empty_cache_imports_nothing_and_makes_no_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    fs::create_dir_all(cache.join(".locks")).unwrap();
+    let store = dir.path().join("store");
+    let said = ok(&store, &["import", "--hf-cache", cache.to_str().unwrap()]);
+    assert!(said.contains("0 snapshots of 0 model repos"), "{said}");
+    assert!(
+        !store.exists(),
+        "an empty store was left at {}",
+        store.display()
+    );
+}
+
+/// A snapshot in huggingface_hub's layout, written by hand: `files` as blobs named by their
+/// SHA-256 (the etag of LFS files), linked from `snapshots/<rev>/`, with `refs/main`.
+fn cached_snapshot(cache: &Path, repo: &str, rev: &str, files: &[(&str, Vec<u8>)]) {
+    let root = cache.join(format!("models--{}", repo.replace('/', "--")));
+    fs::create_dir_all(root.join("blobs")).unwrap();
+    fs::create_dir_all(root.join("refs")).unwrap();
+    fs::write(root.join("refs/main"), rev).unwrap();
+    let snapshot = root.join("snapshots").join(rev);
+    fs::create_dir_all(&snapshot).unwrap();
+    for (name, bytes) in files {
+        let etag = tensorfs::format::ObjectRef::of(bytes).sha256.hex();
+        fs::write(root.join("blobs").join(&etag), bytes).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{etag}"), snapshot.join(name)).unwrap();
+    }
+}
+
+/// Ctrl-C while a later snapshot is imported stops it, says which stayed, and keeps the
+/// snapshots imported before it.
+#[test]
+fn an_interrupted_cache_import_keeps_the_snapshots_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let small = safetensors_file(
+        &[T(
+            "conv_first.weight",
+            safetensors::Dtype::F32,
+            vec![4],
+            bytes(16, 1),
+        )],
+        None,
+    );
+    cached_snapshot(
+        &cache,
+        "acme/a-small",
+        &"a".repeat(40),
+        &[("model.safetensors", small)],
+    );
+    let tensors: Vec<T> = (0..12)
+        .map(|i| {
+            T(
+                Box::leak(format!("layer.{i}.weight").into_boxed_str()),
+                safetensors::Dtype::U8,
+                vec![32 << 20],
+                bytes(32 << 20, i as u8),
+            )
+        })
+        .collect();
+    let big = safetensors_file(&tensors, None);
+    drop(tensors);
+    cached_snapshot(
+        &cache,
+        "acme/b-big",
+        &"b".repeat(40),
+        &[("model.safetensors", big)],
+    );
+    let store = dir.path().join("store");
+    let child = tensorfs()
+        .args(["--store", store.to_str().unwrap(), "import", "--hf-cache"])
+        .arg(&cache)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first is in once its repo is; the second is being written once a chunk is staged.
+    let start = std::time::Instant::now();
+    while !(store.join("refs/local/acme--a-small.json").exists() && staging(&store)) {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "the import never reached the second snapshot"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // SAFETY: a signal to the child we spawned.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "it finished before the signal: {said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "interrupted: acme/b-big@{} was not imported; the 1 snapshot imported before it stay in the store",
+            "b".repeat(40)
+        )),
+        "{said}"
+    );
+    let listed = ok(&store, &["ls"]);
+    assert!(listed.contains("local/acme--a-small"), "{listed}");
+    assert!(!listed.contains("b-big"), "{listed}");
+    ok(&store, &["verify"]);
+}

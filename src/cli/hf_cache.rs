@@ -75,7 +75,6 @@ pub fn run(store: &Store, args: &Args, dir: Option<&Path>) -> anyhow::Result<Exi
     };
     let listing = hub_cache::scan(&dir)
         .with_context(|| format!("cannot list the hub cache {}", dir.display()))?;
-    // A hub id already recorded for a local repo goes on in that repo.
     // A hub id recorded for a local repo goes on in that repo; recorded for two, in the one
     // whose ref changed last (the one the @hf view shows).
     let mut repo_of: BTreeMap<String, (std::time::SystemTime, String)> = BTreeMap::new();

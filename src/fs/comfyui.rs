@@ -23,12 +23,16 @@ use super::inodes::{Inode, Node};
 use super::lanes::{join, ChildKind, Folders};
 use super::namespace::Snapshot;
 use super::{FsResult, LaneRef, TensorFs};
+use crate::format::ObjectRef;
 use crate::layout::comfyui::{self, Shows};
 use crate::revisions::{self, Revision};
 use crate::sync::lock;
 
 /// The view's folder in the mount's root.
 pub const COMFYUI_VIEW: &str = "@comfyui";
+
+/// What a commit that cannot be read leads to here, for the log.
+const LEFT_OUT: &str = "left out of the ComfyUI view";
 
 /// One shown entry: a lane file, or a whole lane folder (a pipeline).
 #[derive(Debug)]
@@ -83,19 +87,29 @@ impl TensorFs {
         for org in snapshot.orgs.values() {
             for entry in org.repos.values() {
                 let repo = &entry.repo;
-                let Ok(mut lanes) = revisions::lanes(repo, Revision::Latest, |c| {
-                    self.commit_lane(c).map(|l| l.lane)
-                }) else {
+                // A commit that cannot be read is logged once and left out.
+                let left_out =
+                    |commit: &ObjectRef, source| self.commit_error(commit, source, LEFT_OUT);
+                let label = |c: &ObjectRef| {
+                    self.try_commit_lane(c)
+                        .map(|l| l.lane)
+                        .map_err(|source| left_out(c, source))
+                };
+                let Ok(mut lanes) = revisions::lanes(repo, Revision::Latest, label) else {
                     continue;
                 };
-                comfyui::order_lanes(repo, &mut lanes, |c| self.commit_lane(c).map(|l| l.lane));
+                comfyui::order_lanes(repo, &mut lanes, label);
                 for (i, (label, commit)) in lanes.iter().enumerate() {
                     let lane = LaneRef {
                         commit: *commit,
                         decoded: false,
                     };
-                    let Ok(built) = self.lane(&lane) else {
-                        continue;
+                    let built = match self.try_lane(&lane) {
+                        Ok(built) => built,
+                        Err(source) => {
+                            left_out(commit, source);
+                            continue;
+                        }
                     };
                     let (entries, _) =
                         comfyui::entries(&built.contents.view, &repo.name, label, i == 0);

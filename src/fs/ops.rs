@@ -397,7 +397,11 @@ impl TensorFs {
                     path: file.path.clone(),
                     source,
                 };
-                self.report(format!("{} {}", file.lane.commit.id(), file.path), &err);
+                self.report(
+                    format!("{} {}", file.lane.commit.id(), file.path),
+                    &err,
+                    super::resolve::ANSWERED,
+                );
                 err
             })
     }

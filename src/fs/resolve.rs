@@ -16,6 +16,9 @@ use crate::sync::{lock, read, write};
 /// How long an error about one commit or file is not logged again.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
+/// What a read or lookup that fails does, for error logs.
+pub(super) const ANSWERED: &str = "answering EIO";
+
 /// What the repair of a damaged store is, for error logs.
 const REPAIR: &str = "; run `tensorfs verify --repair` to remove damaged blobs, then import or \
                       download the model again";
@@ -84,36 +87,51 @@ impl TensorFs {
         Ok(Some(out))
     }
 
+    /// The lane label and parents of `commit`, cached; an error is logged as answered EIO.
     pub(super) fn commit_lane(&self, commit: &ObjectRef) -> FsResult<CommitLane> {
+        self.try_commit_lane(commit)
+            .map_err(|source| self.commit_error(commit, source, ANSWERED))
+    }
+
+    /// [`Self::commit_lane`] without logging, for a caller that says what the error leads to.
+    pub(super) fn try_commit_lane(&self, commit: &ObjectRef) -> Result<CommitLane, CommitError> {
         if let Some(lane) = lock(&self.commit_lanes).get(&commit.sha256) {
             return Ok(lane.clone());
         }
-        let lane = self
-            .catalog
-            .commit_lane(commit)
-            .map_err(|source| self.commit_error(commit, source))?;
+        let lane = self.catalog.commit_lane(commit)?;
         lock(&self.commit_lanes).insert(commit.sha256, lane.clone());
         Ok(lane)
     }
 
+    /// The view of `lane`, cached; an error is logged as answered EIO.
     pub(super) fn lane(&self, lane: &LaneRef) -> FsResult<Arc<Lane>> {
-        self.lanes
-            .get_or_build(lane, || self.catalog.lane(lane))
-            .map_err(|source| self.commit_error(&lane.commit, source))
+        self.try_lane(lane)
+            .map_err(|source| self.commit_error(&lane.commit, source, ANSWERED))
     }
 
-    fn commit_error(&self, commit: &ObjectRef, source: CommitError) -> FsError {
+    /// [`Self::lane`] without logging, for a caller that says what the error leads to.
+    pub(super) fn try_lane(&self, lane: &LaneRef) -> Result<Arc<Lane>, CommitError> {
+        self.lanes.get_or_build(lane, || self.catalog.lane(lane))
+    }
+
+    /// The error of `commit`, logged (rate-limited) with what it led to: `consequence`.
+    pub(super) fn commit_error(
+        &self,
+        commit: &ObjectRef,
+        source: CommitError,
+        consequence: &str,
+    ) -> FsError {
         let err = FsError::Commit {
             commit: commit.id(),
             source,
         };
-        self.report(commit.id(), &err);
+        self.report(commit.id(), &err, consequence);
         err
     }
 
     /// Logs `err` once per [`REPORT_EVERY`] for `key`, so a reader retrying a broken file
     /// does not flood the log.
-    pub(super) fn report(&self, key: String, err: &FsError) {
+    pub(super) fn report(&self, key: String, err: &FsError, consequence: &str) {
         let mut reported = lock(&self.reported);
         let now = Instant::now();
         if reported
@@ -131,6 +149,6 @@ impl TensorFs {
             true if err.is_missing_object() => "; import or download the model again",
             true => REPAIR,
         };
-        tracing::error!(errno = err.errno(), "{text}; answering EIO{advice}");
+        tracing::error!(errno = err.errno(), "{text}; {consequence}{advice}");
     }
 }

@@ -447,6 +447,78 @@ mod tests {
                 &["conv_first.weight", "RRDB_trunk.0.RDB1.conv1.weight"],
                 Some("upscale_models"),
             ),
+            // Upscalers by spandrel's detection keys (chaiNNer-org/spandrel architectures).
+            (
+                &[
+                    "body.0.bias",
+                    "body.0.weight",
+                    "body.1.weight",
+                    "body.2.weight",
+                ],
+                Some("upscale_models"),
+            ),
+            (
+                &["module.body.0.weight", "module.body.1.weight"],
+                Some("upscale_models"),
+            ),
+            (&["body.0.weight", "body.1.weight", "head.weight"], None),
+            (
+                &[
+                    "block_1.c1_r.eval_conv.weight",
+                    "block_1.c1_r.sk.weight",
+                    "conv_1.sk.weight",
+                    "conv_cat.weight",
+                    "upsampler.0.weight",
+                ],
+                Some("upscale_models"),
+            ),
+            // SwinIR's `layers.` blocks are not a text encoder's.
+            (
+                &[
+                    "conv_first.weight",
+                    "layers.0.residual_group.blocks.0.attn.relative_position_index",
+                    "layers.0.residual_group.blocks.0.norm1.weight",
+                ],
+                Some("upscale_models"),
+            ),
+            (
+                &["netG.conv_first.weight", "netG.body.0.rdb1.conv1.weight"],
+                Some("upscale_models"),
+            ),
+            (
+                &["unet1.conv1.conv.0.weight", "unet2.conv_bottom.weight"],
+                Some("upscale_models"),
+            ),
+            (
+                &["feats.1.lk.conv.weight", "feats.1.refine.weight"],
+                Some("upscale_models"),
+            ),
+            // Transformers 5 saves bare CLIP and SigLIP towers without their prefix.
+            (
+                &[
+                    "embeddings.token_embedding.weight",
+                    "encoder.layers.0.self_attn.q_proj.weight",
+                    "final_layer_norm.weight",
+                ],
+                Some("text_encoders"),
+            ),
+            (
+                &[
+                    "embeddings.patch_embedding.weight",
+                    "encoder.layers.0.self_attn.q_proj.weight",
+                    "post_layernorm.weight",
+                ],
+                Some("clip_vision"),
+            ),
+            // A GGUF diffusion model whose file also holds llama.cpp-named tensors.
+            (
+                &[
+                    "blk.0.ffn_up.weight",
+                    "double_blocks.0.img_mod.lin.weight",
+                    "img_in.weight",
+                ],
+                Some("diffusion_models"),
+            ),
             (&["classifier.weight", "bert.pooler.dense.bias"], None),
             (&[], None),
         ];

@@ -236,3 +236,12 @@ pub fn hub_cache(
     let stdout = String::from_utf8(out.stdout).unwrap();
     serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap()
 }
+
+/// Whether an import into `store` is writing chunks: a temp file other than a lock is staged
+/// in `tmp/` (its signal handlers are in place by then).
+pub fn staging(store: &Path) -> bool {
+    fs::read_dir(store.join("tmp")).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
+    })
+}
