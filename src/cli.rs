@@ -2,12 +2,14 @@
 
 mod download;
 mod export;
+mod gc;
 mod hf_cache;
 mod import;
 mod inspect;
 mod locate;
 mod mount;
 mod quantize;
+mod rm;
 mod serve;
 mod target;
 mod upload;
@@ -49,6 +51,10 @@ pub enum Command {
     Locate(locate::Args),
     /// Re-hash objects: every blob, or the closure of REF; --repair removes damaged ones.
     Verify(verify::Args),
+    /// Take a repo, a release or a commit out of the refs (gc then frees what nothing else keeps).
+    Rm(rm::Args),
+    /// Collect now: remove objects no ref, hold or use keeps (the reference's retention rules).
+    Gc(gc::Args),
     /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default);
     /// with --endpoint, an endpoint's models too, fetched as they are read.
     Mount(mount::Args),
@@ -174,6 +180,8 @@ pub fn main() -> ExitCode {
         Command::Quantize(args) => quantize::run(&cli, args),
         Command::Locate(args) => locate::run(&cli, args),
         Command::Verify(args) => verify::run(&cli, args),
+        Command::Rm(args) => rm::run(&cli, args),
+        Command::Gc(args) => gc::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),
         Command::Serve(args) => serve::run(&cli, args),

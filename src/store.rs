@@ -17,6 +17,8 @@
 //! - Refs change under an exclusive `flock` on `refs/` and a shared one on `holds/gc.lock`, as
 //!   the reference's writers and collector expect (`refs`); a `local/` ref roots its commits'
 //!   closures against the reference's GC.
+//! - [`retention`] is the reference's retention regime: holds, uses and the collector that
+//!   sweeps what nothing keeps.
 //! - [`hub`] records which Hugging Face repo and revision a local repo's commits came from,
 //!   outside the repo documents (the reference rewrites those, dropping unknown fields).
 //! - [`verified`] records which blobs were hashed and their inode stamps, so a mount can prove a
@@ -25,6 +27,7 @@
 pub mod hub;
 mod objects;
 mod refs;
+pub mod retention;
 pub mod verified;
 
 use std::fs::{self, File};

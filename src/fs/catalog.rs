@@ -12,6 +12,7 @@ use super::{CommitError, LaneRef};
 use crate::format::{ObjectRef, Repo};
 use crate::layout::LaneView;
 use crate::store::hub::HubRecord;
+use crate::store::retention::Hold;
 use crate::store::{Store, StoreError};
 
 /// A repo document and when its ref last changed.
@@ -92,6 +93,17 @@ pub trait Catalog: Send + Sync {
     /// when the catalog has no folder.
     fn store_root(&self) -> Option<&Path> {
         None
+    }
+
+    /// Keeps commit `commit`'s closure in the store while the returned hold lives (no
+    /// collection, ours or the reference's, sweeps it) and records its use, which keeps a
+    /// commit no `local/` repo names for a week after ([`crate::store::retention`]). `None`
+    /// when the catalog has no store.
+    ///
+    /// # Errors
+    /// The commit's documents cannot be read, or the hold or use cannot be written.
+    fn retain(&self, _commit: &ObjectRef) -> Result<Option<Hold>, CommitError> {
+        Ok(None)
     }
 }
 
@@ -174,6 +186,12 @@ impl Catalog for StoreCatalog {
 
     fn store_root(&self) -> Option<&Path> {
         Some(self.store.root())
+    }
+
+    fn retain(&self, commit: &ObjectRef) -> Result<Option<Hold>, CommitError> {
+        let closure = self.store.commit(commit)?.closure();
+        self.store.record_use(&commit.sha256, &closure)?;
+        Ok(Some(self.store.hold(&closure)?))
     }
 
     fn capacity(&self) -> Option<Capacity> {

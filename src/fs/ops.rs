@@ -23,11 +23,12 @@ use super::{
 };
 use crate::extents::ioctl::{Command, IoctlError, Query};
 use crate::extents::{FileTensors, LocateError};
-use crate::format::Sha256;
+use crate::format::{ObjectRef, Sha256};
 use crate::io::ObjectSource;
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{attrs, Content, LaneView};
 use crate::revisions;
+use crate::store::retention::Hold;
 use crate::store::Store;
 use crate::sync::{lock, read};
 use crate::views::{ViewCache, ViewState};
@@ -80,6 +81,9 @@ pub struct TensorFs {
     pub(super) refresh: Mutex<RefreshState>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_handle: AtomicU64,
+    /// The commits of open files, each held in the store once ([`Catalog::retain`]) with how
+    /// many open files need it.
+    retained: Mutex<HashMap<Sha256, (usize, Option<Hold>)>>,
     /// When each failing commit or file was last logged.
     pub(super) reported: Mutex<HashMap<String, Instant>>,
     /// Views for passthrough, with [`FsConfig::views`].
@@ -124,6 +128,7 @@ impl TensorFs {
             refresh: Mutex::default(),
             handles: Mutex::default(),
             next_handle: AtomicU64::new(1),
+            retained: Mutex::default(),
             reported: Mutex::default(),
         }
     }
@@ -273,7 +278,34 @@ impl TensorFs {
 
     /// Closes a handle of [`TensorFs::opendir`] or [`TensorFs::open`].
     pub fn release(&self, fh: u64) {
-        lock(&self.handles).remove(&fh);
+        if let Some(Handle::File(file)) = lock(&self.handles).remove(&fh) {
+            let mut retained = lock(&self.retained);
+            let commit = file.lane.commit.sha256;
+            if let Some((count, _)) = retained.get_mut(&commit) {
+                *count -= 1;
+                if *count == 0 {
+                    retained.remove(&commit);
+                }
+            }
+        }
+    }
+
+    /// Holds `commit`'s closure in the store while a file of it is open, so no collection
+    /// sweeps what the file reads; a hold that cannot be taken is logged, and reads go on.
+    fn retain(&self, commit: &ObjectRef) {
+        let mut retained = lock(&self.retained);
+        if let Some((count, _)) = retained.get_mut(&commit.sha256) {
+            *count += 1;
+            return;
+        }
+        let hold = self.catalog.retain(commit).unwrap_or_else(|e| {
+            tracing::warn!(
+                "commit {}: its objects are not held against collections while open: {e}",
+                commit.id()
+            );
+            None
+        });
+        retained.insert(commit.sha256, (1, hold));
     }
 
     /// Opens file `ino` to read.
@@ -315,6 +347,7 @@ impl TensorFs {
             tensors: OnceLock::new(),
         };
         let backing = self.backing(&open.content);
+        self.retain(&lane_ref.commit);
         Ok(Opened {
             fh: self.add_handle(Handle::File(Arc::new(open))),
             keep_cache: true,

@@ -373,6 +373,16 @@ impl Catalog for RemoteCatalog {
     fn store_root(&self) -> Option<&Path> {
         self.local.store_root()
     }
+
+    fn retain(
+        &self,
+        commit: &ObjectRef,
+    ) -> Result<Option<crate::store::retention::Hold>, CommitError> {
+        // Its documents are here once a lane of it was laid out; the hold lists the chunks
+        // still to fetch too, so they are kept as they arrive.
+        self.ensure_commit(commit)?;
+        self.local.retain(commit)
+    }
 }
 
 #[cfg(test)]

@@ -351,6 +351,33 @@ impl Store {
         replace_file(&self.root.join("tmp"), &path, &json, 0o644)
     }
 
+    /// Drops `commits` from local repo `name`'s hub record (revisions left without commits go
+    /// with them), or the whole record when `commits` is `None` or none are left. The caller
+    /// holds the refs lock ([`Store::edit_repo`]).
+    ///
+    /// # Errors
+    /// The record cannot be read, written or removed.
+    pub(crate) fn forget_hub(&self, name: &str, commits: Option<&[ObjectRef]>) -> StoreResult<()> {
+        let path = self.hub_path(name)?;
+        let Some(mut record) = self.hub_record(name)? else {
+            return Ok(());
+        };
+        if let Some(commits) = commits {
+            for revision in &mut record.revisions {
+                revision.commits.retain(|c| !commits.contains(c));
+            }
+            record.revisions.retain(|r| !r.commits.is_empty());
+        }
+        if commits.is_none() || record.revisions.is_empty() {
+            return match fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", &path)(e)),
+                _ => Ok(()),
+            };
+        }
+        let json = serde_json::to_vec(&record).expect("a record serializes");
+        replace_file(&self.root.join("tmp"), &path, &json, 0o644)
+    }
+
     /// Every hub record in the store, by local repo name. Unreadable records are skipped with
     /// a warning (one bad file must not hide the others).
     ///

@@ -20,7 +20,7 @@ use crate::format::{Repo, Sha256};
 
 /// A held `flock`, released on drop.
 #[derive(Debug)]
-pub struct Lock(#[allow(dead_code)] File);
+pub struct Lock(#[allow(dead_code)] pub(super) File);
 
 fn ref_segment(segment: &str) -> String {
     let folded = segment.to_ascii_lowercase();
@@ -102,8 +102,25 @@ impl Store {
     /// # Errors
     /// `refs/` cannot be listed.
     pub fn repos(&self) -> StoreResult<Vec<Repo>> {
-        let dir = self.root.join("refs");
         let mut repos = Vec::new();
+        for path in self.ref_files()? {
+            match read_ref(&path) {
+                Ok(Some(repo)) => repos.push(repo),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("skipping ref: {e}"),
+            }
+        }
+        repos.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(repos)
+    }
+
+    /// Every ref file, `refs/<org>/<name>.json`.
+    ///
+    /// # Errors
+    /// `refs/` or an org folder cannot be listed.
+    pub(super) fn ref_files(&self) -> StoreResult<Vec<PathBuf>> {
+        let dir = self.root.join("refs");
+        let mut out = Vec::new();
         for org in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
             let org = org.map_err(io_err("list", &dir))?.path();
             if !org.is_dir() {
@@ -111,18 +128,12 @@ impl Store {
             }
             for entry in fs::read_dir(&org).map_err(io_err("list", &org))? {
                 let path = entry.map_err(io_err("list", &org))?.path();
-                if path.extension().is_none_or(|e| e != "json") {
-                    continue;
-                }
-                match read_ref(&path) {
-                    Ok(Some(repo)) => repos.push(repo),
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!("skipping ref: {e}"),
+                if path.extension().is_some_and(|e| e == "json") {
+                    out.push(path);
                 }
             }
         }
-        repos.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(repos)
+        Ok(out)
     }
 
     /// Changes the ref of `name` to what `change` makes of the current document (`None` when
@@ -142,18 +153,68 @@ impl Store {
         let refs = self.root.join("refs");
         let lock = File::open(&refs).map_err(io_err("open", &refs))?;
         lock.lock().map_err(io_err("lock", &refs))?;
-        let new = change(self.repo(name)?);
+        let old = self.repo(name)?;
+        let named: std::collections::HashSet<Sha256> = old
+            .iter()
+            .flat_map(|r| r.roots().map(|c| c.sha256))
+            .collect();
+        let new = change(old);
         if !new.name.eq_ignore_ascii_case(name) {
             return Err(StoreError::Ref(format!(
                 "repo {:?} cannot be written as ref {name:?}",
                 new.name
             )));
         }
+        // Each newly named commit gets its use first, as the reference's writers do: outside
+        // `local/` a use is all that keeps a commit (a download, a lazy mount's fetch).
+        for commit in new.roots().filter(|c| !named.contains(&c.sha256)) {
+            if let Err(e) = self.record_commit_use(commit) {
+                tracing::warn!("no use recorded for commit {} of {name}: {e}", commit.id());
+            }
+        }
         self.sync()?;
         let parent = path.parent().expect("ref paths have parents");
         fs::create_dir_all(parent).map_err(io_err("create", parent))?;
         replace_file(&self.root.join("tmp"), &path, &new.to_json(), 0o644)?;
         Ok(new)
+    }
+}
+
+impl Store {
+    /// Takes commits out of repo `name`: `change` makes the new document of the current one
+    /// (`None`: remove the ref) or refuses with a reason, under the refs lock and the fence.
+    /// The hub record drops the commits the repo no longer names (all of it with the ref).
+    /// Only unreferences: objects stay until a collection finds nothing else keeps them.
+    /// Returns the document before and after; `Ok(None)` when there is no such repo.
+    ///
+    /// # Errors
+    /// `name` is not `org/name`, `change` refused (`StoreError::Ref` with its reason), or
+    /// reading or writing fails.
+    pub fn edit_repo(
+        &self,
+        name: &str,
+        change: impl FnOnce(&Repo) -> Result<Option<Repo>, String>,
+    ) -> StoreResult<Option<(Repo, Option<Repo>)>> {
+        let path = self.ref_path(name)?;
+        let _fence = self.fence()?;
+        let refs = self.root.join("refs");
+        let lock = File::open(&refs).map_err(io_err("open", &refs))?;
+        lock.lock().map_err(io_err("lock", &refs))?;
+        let Some(old) = self.repo(name)? else {
+            return Ok(None);
+        };
+        let new = change(&old).map_err(StoreError::Ref)?;
+        match &new {
+            Some(repo) => replace_file(&self.root.join("tmp"), &path, &repo.to_json(), 0o644)?,
+            None => fs::remove_file(&path).map_err(io_err("remove", &path))?,
+        }
+        let gone: Vec<_> = old
+            .roots()
+            .filter(|c| new.as_ref().is_none_or(|n| !n.roots().any(|k| k == *c)))
+            .copied()
+            .collect();
+        self.forget_hub(name, new.as_ref().map(|_| gone.as_slice()))?;
+        Ok(Some((old, new)))
     }
 }
 

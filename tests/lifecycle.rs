@@ -1,0 +1,421 @@
+//! The store's lifecycle: `rm` unreferences, `gc` collects by the reference's retention rules
+//! (`store::retention`), mounts hold what their open files read, and either implementation's
+//! collection keeps the other's live data.
+
+mod common;
+mod fuse_support;
+mod skip;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use tensorfs::store::Store;
+
+/// Two models sharing a 20 MiB tensor (stored once) with a small tensor each.
+fn two_models(dir: &Path, store: &Path) -> (PathBuf, PathBuf) {
+    let big = bytes(20 << 20, 7);
+    let file = |extra: u8, unique: usize| {
+        safetensors_file(
+            &[
+                T(
+                    "big.weight",
+                    safetensors::Dtype::U8,
+                    vec![20 << 20],
+                    big.clone(),
+                ),
+                T(
+                    "own.weight",
+                    safetensors::Dtype::U8,
+                    vec![unique],
+                    bytes(unique, extra),
+                ),
+            ],
+            None,
+        )
+    };
+    let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    fs::write(&a, file(1, 3 << 20)).unwrap();
+    fs::write(&b, file(2, 1 << 20)).unwrap();
+    for (path, name) in [(&a, "local/a"), (&b, "local/b")] {
+        ok(store, &["import", path.to_str().unwrap(), "--name", name]);
+    }
+    (a, b)
+}
+
+/// Every blob of the store by digest, with its length.
+fn blobs(store: &Path) -> BTreeSet<(String, u64)> {
+    Store::open(store)
+        .unwrap()
+        .blobs()
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.sha256.to_string(), o.length))
+        .collect()
+}
+
+/// The closure of every commit `name` names.
+fn closure(store: &Path, name: &str) -> BTreeSet<(String, u64)> {
+    let store = Store::open(store).unwrap();
+    let repo = store.repo(name).unwrap().unwrap();
+    repo.roots()
+        .flat_map(|c| store.commit(c).unwrap().closure())
+        .map(|o| (o.sha256.to_string(), o.length))
+        .collect()
+}
+
+/// A one-tensor safetensors file at `path`, its 8 bytes from `seed`.
+fn tiny(path: &Path, seed: u8) {
+    let tensor = T("x", safetensors::Dtype::U8, vec![8], bytes(8, seed));
+    fs::write(path, safetensors_file(&[tensor], None)).unwrap();
+}
+
+fn gc(store: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["gc", "--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&ok(store, &all)).unwrap()
+}
+
+#[test]
+fn rm_and_gc_free_exactly_a_models_unique_bytes_and_the_sharing_model_still_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (_, b) = two_models(dir.path(), &store);
+    let (of_a, of_b) = (closure(&store, "local/a"), closure(&store, "local/b"));
+    let unique: BTreeSet<_> = of_a.difference(&of_b).cloned().collect();
+    assert!(
+        of_a.intersection(&of_b).any(|(_, len)| *len >= 20 << 20),
+        "the models share their big chunk"
+    );
+    let before = blobs(&store);
+
+    // Nothing unreferenced: a collection removes nothing, even with no grace.
+    assert_eq!(gc(&store, &["--grace", "0"])["removed_bytes"], 0);
+    let dry = ok(&store, &["rm", "local/a", "--dry-run"]);
+    assert!(dry.contains("would remove repo local/a"), "{dry}");
+    assert!(ok(&store, &["ls"]).contains("local/a"));
+    let said = ok(&store, &["rm", "local/a"]);
+    assert!(said.contains("removed repo local/a"), "{said}");
+    assert!(!ok(&store, &["ls"]).contains("local/a"));
+    // Young objects stay for the grace (an import may be about to name them).
+    assert_eq!(gc(&store, &[])["removed_bytes"], 0);
+    let dry = gc(&store, &["--grace", "0", "--dry-run"]);
+    assert_eq!(blobs(&store), before, "a dry run removes nothing");
+    let done = gc(&store, &["--grace", "0"]);
+    assert_eq!(
+        done["removed"], dry["removed"],
+        "the dry run said what goes"
+    );
+    let freed: u64 = unique.iter().map(|(_, len)| len).sum();
+    assert_eq!(done["removed_bytes"], freed, "{done}");
+    assert_eq!(
+        before
+            .difference(&blobs(&store))
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        unique,
+        "exactly the objects only local/a had"
+    );
+    ok(&store, &["verify"]);
+    let out = dir.path().join("out");
+    ok(&store, &["export", "local/b", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("b.safetensors")).unwrap(),
+        fs::read(&b).unwrap()
+    );
+}
+
+#[test]
+fn rm_refuses_what_it_cannot_take_out_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    two_models(dir.path(), &store);
+    let before = snapshot(&store);
+    let err = fails(&store, &["rm", "local/absent"]);
+    assert!(err.contains("no repo \"local/absent\""), "{err}");
+    let err = fails(&store, &["rm", "local/a@latest"]);
+    assert!(
+        err.contains("`latest` is not a revision of its own"),
+        "{err}"
+    );
+    let err = fails(&store, &["rm", "local/a@9.9"]);
+    assert!(err.contains("has no release \"9.9\""), "{err}");
+    let err = fails(&store, &["rm", &format!("local/a@{}", "0".repeat(64))]);
+    assert!(err.contains("names no commit"), "{err}");
+    assert_eq!(snapshot(&store), before, "a refused rm changes nothing");
+}
+
+#[test]
+fn an_open_file_of_a_removed_model_reads_through_a_collection_and_is_freed_once_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (a, _) = two_models(dir.path(), &root);
+    let store = Store::open(&root).unwrap();
+    let m = fuse_support::mount(&store);
+    let lane = fuse_support::list(&m.path("local/a/latest")).remove(0);
+    let path = m.path(&format!("local/a/latest/{lane}/a.safetensors"));
+    let mut file = fs::File::open(&path).unwrap();
+    let mut head = vec![0u8; 4096];
+    file.read_exact(&mut head).unwrap();
+    fuse_support::drop_cached_pages(&path);
+    ok(&root, &["rm", "local/a"]);
+    fuse_support::wait_for(
+        || !m.path("local").join("a").exists(),
+        "the removed repo to leave the listing",
+    );
+    let held = gc(&root, &["--grace", "0"]);
+    assert_eq!(
+        held["removed_bytes"], 0,
+        "an open file's objects are held: {held}"
+    );
+    assert!(held["live_holds"].as_u64().unwrap() >= 1, "{held}");
+    let mut rest = Vec::new();
+    file.read_to_end(&mut rest).unwrap();
+    head.extend(rest);
+    assert_eq!(head, fs::read(&a).unwrap(), "the open file reads whole");
+    drop(file);
+    let freed = gc(&root, &["--grace", "0"]);
+    assert!(
+        freed["removed_bytes"].as_u64().unwrap() > 0,
+        "closed, it goes: {freed}"
+    );
+    ok(&root, &["verify"]);
+    m.unmount();
+}
+
+#[test]
+fn a_collection_killed_at_any_point_leaves_every_ref_complete_and_the_next_one_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // Many objects to sweep: a model of many small chunks, removed.
+    let tensors: Vec<T> = (0..400)
+        .map(|i| {
+            T(
+                Box::leak(format!("layer.{i}.weight").into_boxed_str()),
+                safetensors::Dtype::U8,
+                vec![70 << 10],
+                bytes(70 << 10, i as u8),
+            )
+        })
+        .collect();
+    let many = dir.path().join("many.safetensors");
+    fs::write(&many, safetensors_file(&tensors, None)).unwrap();
+    let (_, b) = two_models(dir.path(), &store);
+    for round in 0..4 {
+        ok(
+            &store,
+            &["import", many.to_str().unwrap(), "--name", "local/many"],
+        );
+        ok(&store, &["rm", "local/many"]);
+        let mut child = tensorfs()
+            .args(["--store", store.to_str().unwrap(), "gc", "--grace", "0"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(5 + 15 * round));
+        let _ = child.kill();
+        let _ = child.wait();
+        ok(&store, &["verify"]);
+        let next = gc(&store, &["--grace", "0"]);
+        assert!(!next["skipped"].as_bool().unwrap(), "{next}");
+        assert!(
+            !store.join("tmp/gc").exists(),
+            "the next collection finishes"
+        );
+        ok(&store, &["verify"]);
+    }
+    let out = dir.path().join("out");
+    ok(&store, &["export", "local/b", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("b.safetensors")).unwrap(),
+        fs::read(&b).unwrap()
+    );
+}
+
+/// Sets the mtime of every file under `dir` back by `age`.
+fn age(dir: &Path, by: Duration) {
+    let then = SystemTime::now() - by;
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            age(&p, by);
+        } else if let Ok(f) = fs::File::open(&p) {
+            let _ = f.set_modified(then);
+        }
+    }
+}
+
+/// A use past the TTL (by a clock moved on) is dropped, and what only it kept goes.
+#[test]
+fn a_use_expires_a_week_after_its_last_use() {
+    use tensorfs::store::retention::Collect;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    two_models(dir.path(), &root);
+    let store = Store::open(&root).unwrap();
+    // A cached commit: named only by a use (as a download or a lazy mount leaves it).
+    let repo = store.repo("local/a").unwrap().unwrap();
+    let commit = *repo.roots().next().unwrap();
+    fs::remove_file(store.ref_path("local/a").unwrap()).unwrap();
+    let at = |days: u64| Collect {
+        grace: Duration::ZERO,
+        now: SystemTime::now() + Duration::from_secs(days * 24 * 3600),
+        ..Collect::default()
+    };
+    let kept = store.collect(&at(6)).unwrap();
+    assert!(kept.removed.is_empty(), "{kept:?}");
+    assert!(
+        store.commit(&commit).is_ok(),
+        "a use keeps it within the week"
+    );
+    let gone = store.collect(&at(8)).unwrap();
+    assert_eq!(gone.dropped_uses, vec![commit.sha256]);
+    assert!(gone.removed.contains(&commit), "{gone:?}");
+    assert!(store
+        .commit(
+            &store
+                .repo("local/b")
+                .unwrap()
+                .unwrap()
+                .roots()
+                .next()
+                .copied()
+                .unwrap()
+        )
+        .is_ok());
+}
+
+// ---- With the reference --------------------------------------------------------------
+
+/// The reference `tfs` beside `TENSORFS_TEST_PYTHON`.
+fn reference_tfs() -> Option<PathBuf> {
+    let python = PathBuf::from(std::env::var_os("TENSORFS_TEST_PYTHON")?);
+    let tfs = python.parent()?.join("tfs");
+    tfs.is_file().then_some(tfs)
+}
+
+fn tfs(tfs: &Path, store: &Path, args: &[&str]) -> String {
+    let out = Command::new(tfs)
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .expect("tfs runs");
+    assert!(
+        out.status.success(),
+        "tfs {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Makes the reference collect at its next write: every object and use a week and a day old,
+/// and its sweep throttle (`uses/.swept`) gone.
+fn due(store: &Path) {
+    let week = Duration::from_secs(8 * 24 * 3600);
+    age(&store.join("blobs"), week);
+    age(&store.join("uses"), week);
+    let _ = fs::remove_file(store.join("uses/.swept"));
+}
+
+#[test]
+fn the_references_collection_keeps_our_refs_and_what_our_mount_holds_open() {
+    let Some(reference) = reference_tfs() else {
+        skip::missing("the reference `tfs` beside TENSORFS_TEST_PYTHON");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (a, b) = two_models(dir.path(), &root);
+    let only_a: Vec<PathBuf> = closure(&root, "local/a")
+        .difference(&closure(&root, "local/b"))
+        .map(|(hex, _)| root.join(format!("blobs/{}/{}/{hex}", &hex[..2], &hex[2..4])))
+        .collect();
+    let store = Store::open(&root).unwrap();
+    let m = fuse_support::mount(&store);
+    let lane = fuse_support::list(&m.path("local/a/latest")).remove(0);
+    let path = m.path(&format!("local/a/latest/{lane}/a.safetensors"));
+    let mut file = fs::File::open(&path).unwrap();
+    fuse_support::drop_cached_pages(&path);
+    // local/a is no root any more: only the mount's hold keeps it.
+    ok(&root, &["rm", "local/a"]);
+    due(&root);
+    let other = dir.path().join("other.safetensors");
+    tiny(&other, 9);
+    tfs(&reference, &root, &["import", other.to_str().unwrap()]);
+    assert!(root.join("uses/.swept").exists(), "the reference collected");
+    assert!(
+        only_a.iter().all(|p| p.exists()),
+        "the hold kept local/a's objects"
+    );
+    let mut read = Vec::new();
+    file.read_to_end(&mut read).unwrap();
+    assert_eq!(read, fs::read(&a).unwrap(), "the held file reads whole");
+    ok(&root, &["verify"]);
+    let out = dir.path().join("out");
+    ok(&root, &["export", "local/b", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("b.safetensors")).unwrap(),
+        fs::read(&b).unwrap()
+    );
+    // Closed and unmounted (the daemon keeps blobs open, under a shared flock, while
+    // mounted), nothing holds local/a: the reference's next collection frees it.
+    drop(file);
+    m.unmount();
+    due(&root);
+    // New bytes: an import of what is there already admits nothing, and collects not.
+    tiny(&other, 11);
+    tfs(&reference, &root, &["import", other.to_str().unwrap()]);
+    let left: Vec<_> = only_a.iter().filter(|p| p.exists()).collect();
+    let listing = |dir: &str| -> Vec<String> {
+        fs::read_dir(root.join(dir))
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{:?}: {:?}",
+                    e.file_name(),
+                    fs::read_to_string(e.path()).unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    assert!(
+        left.is_empty(),
+        "the reference collected what nothing holds: {left:?}\nholds {:?}\nuses {:?}",
+        listing("holds"),
+        listing("uses")
+    );
+    ok(&root, &["verify"]);
+}
+
+#[test]
+fn our_collection_keeps_what_the_reference_keeps_in_a_store_it_wrote() {
+    let Some(reference) = reference_tfs() else {
+        skip::missing("the reference `tfs` beside TENSORFS_TEST_PYTHON");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let src = dir.path().join("src");
+    transformers_folder(&src);
+    tfs(
+        &reference,
+        &root,
+        &["import", src.to_str().unwrap(), "--name", "local/theirs"],
+    );
+    let unnamed = dir.path().join("cached.safetensors");
+    tiny(&unnamed, 3);
+    // Imported without a name: the reference keeps it by its uses alone.
+    tfs(&reference, &root, &["import", unnamed.to_str().unwrap()]);
+    let before = blobs(&root);
+    let done = gc(&root, &["--grace", "0"]);
+    assert_eq!(done["removed_bytes"], 0, "{done}");
+    assert_eq!(blobs(&root), before);
+    tfs(&reference, &root, &["verify", "local/theirs"]);
+    ok(&root, &["verify"]);
+}
