@@ -1,6 +1,7 @@
 //! The `tensorfs` command line: argument parsing, logging setup and one module per verb.
 
 mod download;
+mod du;
 mod export;
 mod gc;
 mod hf_cache;
@@ -55,6 +56,8 @@ pub enum Command {
     Rm(rm::Args),
     /// Collect now: remove objects no ref, hold or use keeps (the reference's retention rules).
     Gc(gc::Args),
+    /// Where the space goes: per repo and lane its logical, shared and unique bytes; store totals.
+    Du(du::Args),
     /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default);
     /// with --endpoint, an endpoint's models too, fetched as they are read.
     Mount(mount::Args),
@@ -182,6 +185,7 @@ pub fn main() -> ExitCode {
         Command::Verify(args) => verify::run(&cli, args),
         Command::Rm(args) => rm::run(&cli, args),
         Command::Gc(args) => gc::run(&cli, args),
+        Command::Du(args) => du::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),
         Command::Serve(args) => serve::run(&cli, args),

@@ -93,6 +93,28 @@ fn rm_and_gc_free_exactly_a_models_unique_bytes_and_the_sharing_model_still_load
     );
     let before = blobs(&store);
 
+    // `du` says what only local/a holds: what rm + gc will free.
+    let du: serde_json::Value = serde_json::from_str(&ok(&store, &["du", "--json"])).unwrap();
+    let row = |name: &str| {
+        du["repos"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["repo"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {du}"))
+            .clone()
+    };
+    let unique_bytes: u64 = unique.iter().map(|(_, len)| len).sum();
+    assert_eq!(row("local/a")["unique"], unique_bytes, "{du}");
+    assert_eq!(
+        row("local/a")["shared"],
+        of_a.intersection(&of_b).map(|(_, len)| len).sum::<u64>(),
+        "{du}"
+    );
+    assert_eq!(row("local/a")["kept_by"], "root (local/)");
+    let total = &du["total"];
+    assert_eq!(total["unnamed"], 0, "{du}");
+    assert!(total["dedup_ratio"].as_f64().unwrap() > 1.5, "{du}");
     // Nothing unreferenced: a collection removes nothing, even with no grace.
     assert_eq!(gc(&store, &["--grace", "0"])["removed_bytes"], 0);
     let dry = ok(&store, &["rm", "local/a", "--dry-run"]);
@@ -418,4 +440,43 @@ fn our_collection_keeps_what_the_reference_keeps_in_a_store_it_wrote() {
     assert_eq!(blobs(&root), before);
     tfs(&reference, &root, &["verify", "local/theirs"]);
     ok(&root, &["verify"]);
+}
+
+/// Retention touches blobs (the reference renews the grace of every blob it reuses): the
+/// mount's mtimes come from when the tree blob was made, so they do not move, and page caches
+/// and ComfyUI's mtime-keyed listings are not disturbed.
+#[test]
+fn mount_mtimes_do_not_move_when_retention_touches_blobs() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    if fs::metadata(dir.path()).and_then(|m| m.created()).is_err() {
+        skip::missing("birth times (statx btime) on the test filesystem");
+        return;
+    }
+    let root = dir.path().join("store");
+    two_models(dir.path(), &root);
+    let store = Store::open(&root).unwrap();
+    let stamps = || {
+        let m = fuse_support::mount(&store);
+        let lane = fuse_support::list(&m.path("local/a/latest")).remove(0);
+        let folder = m.path(&format!("local/a/latest/{lane}"));
+        let stamp = |p: &Path| {
+            let meta = fs::metadata(p).unwrap();
+            (meta.mtime(), meta.mtime_nsec())
+        };
+        let out = (stamp(&folder), stamp(&folder.join("a.safetensors")));
+        m.unmount();
+        out
+    };
+    let before = stamps();
+    std::thread::sleep(Duration::from_millis(20));
+    let now = SystemTime::now();
+    for o in store.blobs().unwrap() {
+        fs::File::open(store.object_path(&o))
+            .unwrap()
+            .set_modified(now)
+            .unwrap();
+    }
+    gc(&root, &["--grace", "0"]);
+    assert_eq!(stamps(), before);
 }

@@ -8,7 +8,8 @@
 
 TENSORFS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TENSORFS_DEV_CACHE="${TENSORFS_DEV_CACHE:-$HOME/.cache/tensorfs-dev}"
-TENSORFS_BIN="${TENSORFS_BIN:-$TENSORFS_ROOT/target/release/tensorfs}"
+# The release binary, where cargo puts it (CARGO_TARGET_DIR moves it).
+TENSORFS_BIN="${TENSORFS_BIN:-${CARGO_TARGET_DIR:-$TENSORFS_ROOT/target}/release/tensorfs}"
 _tool="$(basename "$0")"
 
 log() { echo "$_tool: $*" >&2; }

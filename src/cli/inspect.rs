@@ -8,7 +8,7 @@ use serde_json::json;
 use super::target::resolve;
 use super::Cli;
 use super::{count, human};
-use crate::format::{Body, Header, Value};
+use crate::format::{Body, Header, ObjectRef, Value};
 use crate::layout::LaneView;
 use crate::revisions::revisions;
 use crate::store::Store;
@@ -76,6 +76,8 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // A lane's size: its commit's closure (what it takes with nothing shared), read once.
+    let mut sizes: std::collections::HashMap<ObjectRef, Option<u64>> = Default::default();
     let mut rows = Vec::new();
     for repo in store.repos()? {
         let revs = match revisions(&store, &repo) {
@@ -88,7 +90,12 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
         for (revision, lanes) in revs {
             for (lane, commit) in lanes {
                 let hub = hub_of.get(&(repo.name.to_ascii_lowercase(), commit));
-                rows.push(json!({"repo": repo.name, "revision": revision, "lane": lane, "commit": commit.id(), "hub": hub}));
+                let bytes = *sizes.entry(commit).or_insert_with(|| {
+                    let closure: std::collections::BTreeSet<ObjectRef> =
+                        store.commit(&commit).ok()?.closure().into_iter().collect();
+                    Some(closure.iter().map(|o| o.length).sum())
+                });
+                rows.push(json!({"repo": repo.name, "revision": revision, "lane": lane, "commit": commit.id(), "bytes": bytes, "hub": hub}));
             }
         }
     }
@@ -102,8 +109,11 @@ pub fn ls(cli: &Cli, args: &LsArgs) -> anyhow::Result<ExitCode> {
             let hub = r["hub"]
                 .as_str()
                 .map_or(String::new(), |h| format!("\thub {h}"));
+            let size = r["bytes"]
+                .as_u64()
+                .map_or_else(|| "unreadable".to_owned(), human);
             println!(
-                "{}/{}/{}\t{}{hub}",
+                "{}/{}/{}\t{}\t{size}{hub}",
                 r["repo"].as_str().unwrap_or(""),
                 r["revision"].as_str().unwrap_or(""),
                 r["lane"].as_str().unwrap_or(""),

@@ -29,7 +29,7 @@ pub struct RepoEntry {
 pub struct CommitLane {
     /// The tree's `lane`; `None` shows as [`super::UNLABELLED_LANE`].
     pub lane: Option<String>,
-    /// The tree blob's modification time (the lane folder's mtime).
+    /// When the tree blob was made (its birth time, else its mtime): the lane folder's mtime.
     pub mtime: SystemTime,
     /// Whether its header has encoded tensors (and so a decoded view).
     pub encoded: bool,
@@ -40,7 +40,7 @@ pub struct CommitLane {
 pub struct LaneContents {
     /// The files.
     pub view: LaneView,
-    /// The tree blob's modification time (every file's mtime).
+    /// When the tree blob was made (its birth time, else its mtime): every file's mtime.
     pub mtime: SystemTime,
 }
 
@@ -119,9 +119,12 @@ impl StoreCatalog {
         StoreCatalog { store }
     }
 
+    /// When `object`'s blob was made: its birth time where the filesystem keeps one (`statx`),
+    /// which retention never moves (the reference's writers touch the mtime of every blob they
+    /// reuse, to renew its grace), else its mtime.
     fn blob_mtime(&self, object: &ObjectRef) -> SystemTime {
         fs::metadata(self.store.object_path(object))
-            .and_then(|m| m.modified())
+            .and_then(|m| m.created().or_else(|_| m.modified()))
             .unwrap_or(UNIX_EPOCH)
     }
 }

@@ -193,6 +193,13 @@ impl Store {
         Ok(dropped)
     }
 
+    /// When the use named `name` was last used (its record's mtime), if it has one.
+    pub fn last_use(&self, name: &Sha256) -> Option<SystemTime> {
+        fs::metadata(self.root.join("uses").join(name.to_string()))
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
     /// Records a use of commit `commit`'s closure (named by the commit), reading its documents.
     ///
     /// # Errors
