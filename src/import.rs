@@ -256,6 +256,8 @@ pub fn import(
         }
     }
     let total: u64 = jobs.iter().map(|j| j.length).sum();
+    // Every chunk counts as new: which are is known only once they are read.
+    store.make_room(total)?;
     progress.start(total);
     let staged_chunks = chunks::write(
         store,

@@ -74,6 +74,26 @@ pub enum StoreError {
         /// What is wrong.
         why: String,
     },
+    /// Writing would leave the store's disk with less free space than its reserve
+    /// ([`retention::reserve`]), even after evicting what only uses kept.
+    #[error(
+        "no space: {} more in {} would leave less than the reserve of {} free ({} is free); \
+         remove models (`tensorfs rm`, then `tensorfs gc`) or free space on that disk",
+        crate::store::retention::bytes(*needed),
+        path.display(),
+        crate::store::retention::bytes(*reserve),
+        crate::store::retention::bytes(*available)
+    )]
+    NoSpace {
+        /// The bytes to write.
+        needed: u64,
+        /// The disk's reserve.
+        reserve: u64,
+        /// The bytes free to unprivileged users now.
+        available: u64,
+        /// The store.
+        path: PathBuf,
+    },
     /// An object the operation needs is not in the store.
     #[error("object {object} is not in the store at {}", path.display())]
     Absent {

@@ -480,3 +480,94 @@ fn mount_mtimes_do_not_move_when_retention_touches_blobs() {
     gc(&root, &["--grace", "0"]);
     assert_eq!(stamps(), before);
 }
+
+/// A small tmpfs mounted at `at` for the test's life.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, mib: u64) -> SmallDisk {
+        fs::create_dir_all(at).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(at)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A file of `count` U8 tensors of `mib` MiB each, seeded by `seed`.
+fn weights_of(path: &Path, count: usize, mib: usize, seed: u8) {
+    let tensors: Vec<T> = (0..count)
+        .map(|i| {
+            T(
+                Box::leak(format!("layer.{i}.weight").into_boxed_str()),
+                safetensors::Dtype::U8,
+                vec![mib << 20],
+                bytes(mib << 20, seed.wrapping_add(i as u8)),
+            )
+        })
+        .collect();
+    fs::write(path, safetensors_file(&tensors, None)).unwrap();
+}
+
+/// The disk's reserve (2 % of it, at least 1 GiB) is kept: an import that would cross it
+/// first evicts what only uses keep, then, with nothing left to evict, is refused whole.
+#[test]
+fn an_import_that_would_cross_the_reserve_evicts_cache_first_then_is_refused() {
+    if unsafe { libc::geteuid() } != 0 {
+        skip::missing("root, to mount a small tmpfs for the store");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&dir.path().join("disk"), 1200);
+    let root = disk.0.join("store");
+    // A cached model: 100 MiB that only its use keeps, last written two hours ago.
+    let cached = dir.path().join("cached.safetensors");
+    weights_of(&cached, 2, 50, 1);
+    ok(
+        &root,
+        &["import", cached.to_str().unwrap(), "--name", "local/cached"],
+    );
+    let store = Store::open(&root).unwrap();
+    fs::remove_file(store.ref_path("local/cached").unwrap()).unwrap();
+    age(&root.join("blobs"), Duration::from_secs(2 * 3600));
+    // 150 MiB fits only once the cache is gone (1200 − 100 − 150 < the 1 GiB reserve).
+    let fits = dir.path().join("fits.safetensors");
+    weights_of(&fits, 3, 50, 7);
+    ok(
+        &root,
+        &["import", fits.to_str().unwrap(), "--name", "local/fits"],
+    );
+    let du: serde_json::Value = serde_json::from_str(&ok(&root, &["du", "--json"])).unwrap();
+    assert_eq!(du["total"]["unnamed"], 0, "the cache was evicted: {du}");
+    // 400 MiB does not fit, with nothing left to evict: refused, the store as it was.
+    let before = snapshot(&root);
+    let big = dir.path().join("big.safetensors");
+    weights_of(&big, 8, 50, 3);
+    let err = fails(
+        &root,
+        &["import", big.to_str().unwrap(), "--name", "local/big"],
+    );
+    assert!(
+        err.contains("no space") && err.contains("reserve of 1.00 GiB"),
+        "{err}"
+    );
+    assert_eq!(
+        snapshot(&root),
+        before,
+        "a refused import leaves the store as it was"
+    );
+    ok(&root, &["verify"]);
+}

@@ -278,6 +278,11 @@ async fn transfer(
         endpoint: endpoint.url().to_string(),
         cause: Arc::new(cause),
     };
+    if store.contains(object) {
+        return Ok(());
+    }
+    // Room for it above the disk's reserve, evicting least recently used cache first.
+    tokio::task::block_in_place(|| store.make_room(object.length)).map_err(|e| failed(e.into()))?;
     let _fence = tokio::task::block_in_place(|| store.fence()).map_err(|e| failed(e.into()))?;
     if store.contains(object) {
         return Ok(());

@@ -142,7 +142,7 @@ pub async fn download(
     }
     let target = resolve(&endpoint, name, revision, lane).await?;
     let commit = target.commit.0;
-    let _fence = store.fence()?;
+    let fence = store.fence()?;
     let documents_here = [store.contains(&commit), store.contains(&target.header.0)];
     let tree_bytes = document(store, &endpoint, &commit).await?;
     let tree = Tree::from_json(&tree_bytes).map_err(|source| DownloadError::Format {
@@ -186,6 +186,12 @@ pub async fn download(
         .copied()
         .collect();
     let leaf_bytes: u64 = missing.iter().map(|o| o.length).sum();
+    // Room for what comes, evicting cache first; a collection skips while the fence is held,
+    // and nothing of this download is in the store yet but documents younger than its grace.
+    drop(fence);
+    let incoming = leaf_bytes + (tree_bytes.len() + header_bytes.len()) as u64;
+    tokio::task::block_in_place(|| store.make_room(incoming))?;
+    let _fence = store.fence()?;
     progress.start(leaf_bytes);
     fetch_all(store, &endpoint, &missing, config.jobs.max(1), &progress).await?;
     tokio::task::block_in_place(|| -> DownloadResult<()> {

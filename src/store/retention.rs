@@ -57,6 +57,52 @@ pub fn shortfall(capacity: &Capacity, incoming: u64) -> u64 {
     (reserve(capacity) + incoming.max(1)).saturating_sub(capacity.available_bytes())
 }
 
+/// `n` bytes for messages: `1.50 GiB`.
+pub(crate) fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{n} B"),
+        _ => format!("{value:.2} {}", UNITS[unit]),
+    }
+}
+
+impl Store {
+    /// Makes room for `incoming` bytes above the disk's [`reserve`]: when they would not fit,
+    /// a collection first evicts what only uses keep (least recently used first, objects past
+    /// the grace), as the reference does before it writes. Call it before staging, without
+    /// the fence held (a collection would skip).
+    ///
+    /// # Errors
+    /// [`StoreError::NoSpace`] when they still do not fit; the collection's errors.
+    pub fn make_room(&self, incoming: u64) -> StoreResult<()> {
+        let capacity =
+            |store: &Store| Capacity::of(&store.root).map_err(io_err("statvfs", &store.root));
+        if shortfall(&capacity(self)?, incoming) == 0 {
+            return Ok(());
+        }
+        self.collect(&Collect {
+            incoming,
+            ..Collect::default()
+        })?;
+        let now = capacity(self)?;
+        if shortfall(&now, incoming) == 0 {
+            return Ok(());
+        }
+        Err(StoreError::NoSpace {
+            needed: incoming,
+            reserve: reserve(&now),
+            available: now.available_bytes(),
+            path: self.root.clone(),
+        })
+    }
+}
+
 /// A hold: the objects a live process needs, which no collection sweeps while it lives.
 /// Dropping it removes its file (a process killed with it leaves the file unlocked, which the
 /// next collection removes).
@@ -271,7 +317,7 @@ impl Store {
         if options.keep_reserve {
             if let Ok(capacity) = Capacity::of(&self.root) {
                 // What a sweep frees comes off the shortfall.
-                let need = shortfall(&capacity, 0);
+                let need = shortfall(&capacity, options.incoming);
                 if need > 0 {
                     report.reserve_short = need;
                     dropper.drop_uses(&mut uses, need, Some(options.now), &mut report);
@@ -645,6 +691,8 @@ pub struct Collect {
     pub ttl: Duration,
     /// Drop the least recently used uses while the disk is short of [`reserve`].
     pub keep_reserve: bool,
+    /// Bytes about to be written, which must fit above the reserve too.
+    pub incoming: u64,
     /// The time to judge ages by (tests set a later one).
     pub now: SystemTime,
     /// Change nothing; report what would go.
@@ -657,6 +705,7 @@ impl Default for Collect {
             grace: GRACE,
             ttl: TTL,
             keep_reserve: true,
+            incoming: 0,
             now: SystemTime::now(),
             dry_run: false,
         }
