@@ -376,6 +376,16 @@ impl Drop for ObjectWriter {
 
 /// Replaces `dest` with `bytes` atomically: a temp file in `tmp`, flushed, then renamed.
 pub(crate) fn replace_file(tmp: &Path, dest: &Path, bytes: &[u8], mode: u32) -> StoreResult<()> {
+    replace(tmp, dest, bytes, mode, true)
+}
+
+/// [`replace_file`] without the flush, for records whose loss a crash may cost (a use's
+/// last-use time), written where a flush per write would slow readers (a mount's opens).
+pub(crate) fn replace_record(tmp: &Path, dest: &Path, bytes: &[u8]) -> StoreResult<()> {
+    replace(tmp, dest, bytes, 0o644, false)
+}
+
+fn replace(tmp: &Path, dest: &Path, bytes: &[u8], mode: u32, flush: bool) -> StoreResult<()> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     claim_tmp(tmp)?;
@@ -383,7 +393,9 @@ pub(crate) fn replace_file(tmp: &Path, dest: &Path, bytes: &[u8], mode: u32) -> 
     let result = (|| {
         let mut file = File::create(&temp).map_err(io_err("create", &temp))?;
         file.write_all(bytes).map_err(io_err("write", &temp))?;
-        file.sync_all().map_err(io_err("fsync", &temp))?;
+        if flush {
+            file.sync_all().map_err(io_err("fsync", &temp))?;
+        }
         file.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(io_err("chmod", &temp))?;
         fs::rename(&temp, dest).map_err(io_err("rename", dest))

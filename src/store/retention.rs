@@ -214,7 +214,7 @@ impl Store {
             return touch(&path);
         }
         let text: String = new.iter().map(|d| format!("{d}\n")).collect();
-        super::objects::replace_file(&self.root.join("tmp"), &path, text.as_bytes(), 0o644)
+        super::objects::replace_record(&self.root.join("tmp"), &path, text.as_bytes())
     }
 
     /// Drops the uses named `names` (what `rm` unreferences: a commit no repo names any more
