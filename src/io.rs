@@ -67,6 +67,13 @@ pub trait ObjectSource: Send + Sync {
     fn prefetch(&self, objects: &[ObjectRef]) {
         let _ = objects;
     }
+
+    /// No open file reads the objects of `digests` any more: a source may close what it keeps
+    /// open of them, whose shared `flock`s would keep a collection from removing them (the
+    /// default keeps nothing open). A later read opens them again.
+    fn close(&self, digests: &[Sha256]) {
+        let _ = digests;
+    }
 }
 
 /// One range of an object to read.
@@ -214,6 +221,14 @@ fn damaged(path: &std::path::Path, found: Option<&ObjectRef>) -> io::Error {
 }
 
 impl ObjectSource for BlobReader {
+    fn close(&self, digests: &[Sha256]) {
+        let mut open = lock(&self.open);
+        for d in digests {
+            // A read in flight keeps its `Arc` until it is done.
+            open.pop(d);
+        }
+    }
+
     fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.read_objects(&mut [ObjectRead {
             object,

@@ -176,6 +176,10 @@ fn an_open_file_of_a_removed_model_reads_through_a_collection_and_is_freed_once_
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     let (a, _) = two_models(dir.path(), &root);
+    let unique: u64 = closure(&root, "local/a")
+        .difference(&closure(&root, "local/b"))
+        .map(|(_, len)| len)
+        .sum();
     let store = Store::open(&root).unwrap();
     let m = fuse_support::mount(&store);
     let lane = fuse_support::list(&m.path("local/a/latest")).remove(0);
@@ -200,10 +204,17 @@ fn an_open_file_of_a_removed_model_reads_through_a_collection_and_is_freed_once_
     head.extend(rest);
     assert_eq!(head, fs::read(&a).unwrap(), "the open file reads whole");
     drop(file);
-    let freed = gc(&root, &["--grace", "0"]);
-    assert!(
-        freed["removed_bytes"].as_u64().unwrap() > 0,
-        "closed, it goes: {freed}"
+    // Closed (the kernel says so a moment later), all of it goes while still mounted: the
+    // mount closes the blobs it kept open for the file.
+    let mut freed = 0;
+    fuse_support::wait_for(
+        || {
+            freed += gc(&root, &["--grace", "0"])["removed_bytes"]
+                .as_u64()
+                .unwrap();
+            freed == unique
+        },
+        "the closed file's objects to be freed",
     );
     ok(&root, &["verify"]);
     m.unmount();
@@ -278,9 +289,17 @@ fn a_use_expires_a_week_after_its_last_use() {
     let root = dir.path().join("store");
     two_models(dir.path(), &root);
     let store = Store::open(&root).unwrap();
-    // A cached commit: named only by a use (as a download or a lazy mount leaves it).
+    // A cached commit: named by a repo outside local/ and kept by its use alone, as a
+    // download or a lazy mount leaves it.
     let repo = store.repo("local/a").unwrap().unwrap();
     let commit = *repo.roots().next().unwrap();
+    store
+        .update_repo("acme/a", |_| tensorfs::format::Repo {
+            name: "acme/a".into(),
+            releases: vec![],
+            commits: vec![commit],
+        })
+        .unwrap();
     fs::remove_file(store.ref_path("local/a").unwrap()).unwrap();
     let at = |days: u64| Collect {
         grace: Duration::ZERO,
@@ -296,6 +315,10 @@ fn a_use_expires_a_week_after_its_last_use() {
     let gone = store.collect(&at(8)).unwrap();
     assert_eq!(gone.dropped_uses, vec![commit.sha256]);
     assert!(gone.removed.contains(&commit), "{gone:?}");
+    // Evicted, it leaves its repo, which named nothing else: no listing shows what is gone.
+    assert_eq!(gone.evicted, vec![format!("acme/a@{}", commit.id())]);
+    assert!(store.repo("acme/a").unwrap().is_none());
+    assert!(!ok(&root, &["ls"]).contains("acme/a"));
     assert!(store
         .commit(
             &store
@@ -570,4 +593,54 @@ fn an_import_that_would_cross_the_reserve_evicts_cache_first_then_is_refused() {
         "a refused import leaves the store as it was"
     );
     ok(&root, &["verify"]);
+}
+
+/// A collection never takes what a running import has staged: the import's temp files are
+/// young or not, and `gc --grace 0` runs over and over while it writes.
+#[test]
+fn collections_during_an_import_leave_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let seed = dir.path().join("seed.safetensors");
+    tiny(&seed, 1);
+    ok(
+        &store,
+        &["import", seed.to_str().unwrap(), "--name", "local/seed"],
+    );
+    let src = dir.path().join("big.safetensors");
+    weights_of(&src, 12, 16, 5);
+    let mut import = tensorfs()
+        .args(["--store", store.to_str().unwrap(), "import"])
+        .arg(&src)
+        .args(["--name", "local/big"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut collections = 0;
+    let status = loop {
+        if let Some(status) = import.try_wait().unwrap() {
+            break status;
+        }
+        gc(&store, &["--grace", "0"]);
+        collections += 1;
+    };
+    let mut said = String::new();
+    import
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    assert!(
+        status.success(),
+        "the import failed after {collections} collections: {said}"
+    );
+    assert!(collections > 0, "no collection ran during the import");
+    ok(&store, &["verify"]);
+    let out = dir.path().join("out");
+    ok(&store, &["export", "local/big", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("big.safetensors")).unwrap(),
+        fs::read(&src).unwrap()
+    );
 }

@@ -33,6 +33,10 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let store = cli.existing_store()?;
     let (target, commit) = resolve_one(&store, &args.reference, args.lane.as_deref())?;
+    // No collection removes what is being copied.
+    let _hold = store.hold(&commit.closure())?;
+    // No collection removes what is being copied.
+    let _hold = store.hold(&commit.closure())?;
     let view = match args.decode {
         false => LaneView::build(&commit.id, &commit.tree, &commit.header)?,
         true => LaneView::build_decoded(&commit.id, &commit.tree, &commit.header)?,

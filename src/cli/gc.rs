@@ -22,15 +22,23 @@ pub struct Args {
     /// Print the outcome as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Keep unreferenced objects written or reused within this long (`1h`, `10m`, `0`); the
+    /// Keep unreferenced objects written or reused within this long (`1h`, `10m`, `90`
+    /// seconds, `0`); the
     /// default is the reference's hour, which keeps what an import is about to name.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub grace: Option<Duration>,
 }
 
+/// `90` (seconds), `30s`, `10m`, `1h`, `2d`; `M` (humantime's months) is refused as the
+/// likely typo for minutes it is.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    if text == "0" {
-        return Ok(Duration::ZERO);
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    if text.contains('M') {
+        return Err(format!(
+            "{text:?}: write minutes as m (10m); M would be months"
+        ));
     }
     humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e} (write 1h, 10m, 30s or 0)"))
 }
@@ -75,6 +83,10 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         human(report.young_bytes),
         humantime::format_duration(options.grace),
     );
+    let (cleared, expired) = match args.dry_run {
+        true => ("would be cleared", "would expire"),
+        false => ("cleared", "expired"),
+    };
     let mut notes = Vec::new();
     if report.busy > 0 {
         notes.push(format!(
@@ -84,14 +96,28 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     if !report.dropped_uses.is_empty() {
         notes.push(format!(
-            "{} expired",
+            "{} {expired}",
             count(report.dropped_uses.len(), "use")
         ));
     }
     if report.dead_holds > 0 {
         notes.push(format!(
-            "{} of exited processes cleared",
+            "{} of exited processes {cleared}",
             count(report.dead_holds, "hold")
+        ));
+    }
+    if report.temps_removed > 0 || report.snapshots_removed > 0 || report.stale_records > 0 {
+        notes.push(format!(
+            "{}, {} and {} {cleared}",
+            count(report.temps_removed, "stale temp file"),
+            count(report.snapshots_removed, "unnamed snapshot folder"),
+            count(report.stale_records, "stale files/ record"),
+        ));
+    }
+    if !report.evicted.is_empty() {
+        notes.push(format!(
+            "evicted from the cache (download them again to use them): {}",
+            report.evicted.join(", ")
         ));
     }
     if report.restored > 0 {

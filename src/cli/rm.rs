@@ -169,6 +169,12 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 
 /// `org/name[@revision]` and `--lane` as a removal.
 fn parse<'a>(reference: &'a str, lane: Option<&str>) -> anyhow::Result<(&'a str, Removal)> {
+    if reference.starts_with("sha256:") {
+        bail!(
+            "{reference}: rm takes a commit out of a repo: name it as ORG/NAME@{reference} \
+             (`tensorfs ls` shows which repos name it)"
+        );
+    }
     let (name, revision) = match reference.split_once('@') {
         Some((name, rev)) => (name, Some(rev)),
         None => (reference, None),

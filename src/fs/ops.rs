@@ -284,7 +284,12 @@ impl TensorFs {
             if let Some((count, _)) = retained.get_mut(&commit) {
                 *count -= 1;
                 if *count == 0 {
-                    retained.remove(&commit);
+                    // Its blobs are closed too: their shared locks would keep a collection
+                    // from freeing a model removed meanwhile for as long as the mount runs.
+                    if let Some((_, Some(hold))) = retained.remove(&commit) {
+                        let digests: Vec<Sha256> = hold.digests().copied().collect();
+                        self.objects.close(&digests);
+                    }
                 }
             }
         }

@@ -62,6 +62,10 @@ impl FetchingSource {
 }
 
 impl ObjectSource for FetchingSource {
+    fn close(&self, digests: &[Sha256]) {
+        self.reader.close(digests);
+    }
+
     fn read_object(&self, object: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.read_objects(&mut [ObjectRead {
             object,

@@ -151,12 +151,35 @@ impl Store {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let path = tmp.join(format!("tensorfs-{}-{n}", std::process::id()));
             match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(file) => return Ok((path, file)),
+                Ok(file) => {
+                    // Held while it is written, so no collection (ours or the reference's,
+                    // which sweep temp files past their grace whose lock is free) takes it.
+                    // Staged files keep no descriptor (an import stages thousands); ours are
+                    // told live by their writer's lock ([`writer_alive`]).
+                    file.lock_shared().map_err(io_err("lock", &path))?;
+                    return Ok((path, file));
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(io_err("create", &path)(e)),
             }
         }
     }
+}
+
+/// Whether temp file `name` (`tensorfs-<pid>-…`) belongs to a writer that is still running:
+/// its `tensorfs-<pid>.lock` is locked.
+pub(crate) fn writer_alive(tmp: &Path, name: &str) -> bool {
+    let Some(pid) = name
+        .strip_prefix("tensorfs-")
+        .and_then(|rest| rest.split('-').next())
+        .filter(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+    else {
+        return false;
+    };
+    if pid == std::process::id().to_string() {
+        return true;
+    }
+    File::open(tmp.join(format!("tensorfs-{pid}.lock"))).is_ok_and(|lock| lock.try_lock().is_err())
 }
 
 /// The name of this process's writer lock in a store's `tmp/`.

@@ -181,6 +181,11 @@ impl Hold {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The digests it holds.
+    pub fn digests(&self) -> impl Iterator<Item = &Sha256> {
+        self.listed.iter()
+    }
 }
 
 impl Drop for Hold {
@@ -285,6 +290,51 @@ impl Store {
     /// A record cannot be listed or read, a `local/` repo's commit cannot be read (its closure
     /// would be unknown; nothing is removed), or removing fails.
     pub fn collect(&self, options: &Collect) -> StoreResult<Collected> {
+        let mut report = self.collect_fenced(options)?;
+        if !options.dry_run && !report.removed.is_empty() {
+            report.evicted = self.unname_evicted()?;
+        }
+        Ok(report)
+    }
+
+    /// Takes out of every repo outside `local/` the commits whose tree is gone (evicted
+    /// cache), so listings do not show what cannot be read; a repo left naming nothing goes.
+    /// `download` brings a commit back; a lazy mount shows it from its endpoint still. Runs
+    /// after the sweep, without the exclusive fence (ref edits take it shared); a commit
+    /// fetched again meanwhile is present, and stays.
+    fn unname_evicted(&self) -> StoreResult<Vec<String>> {
+        let mut evicted = Vec::new();
+        for (name, repo) in self.ref_documents()? {
+            if name.to_ascii_lowercase().starts_with("local/") {
+                continue;
+            }
+            if repo.roots().all(|c| self.contains(c)) {
+                continue;
+            }
+            let edited = self.edit_repo(&name, |repo| {
+                let mut new = repo.clone();
+                new.commits.retain(|c| self.contains(c));
+                for release in &mut new.releases {
+                    release.lanes.retain(|_, c| self.contains(c));
+                }
+                new.releases.retain(|r| !r.lanes.is_empty());
+                let names_any = new.roots().next().is_some();
+                Ok(names_any.then_some(new))
+            })?;
+            if let Some((old, new)) = edited {
+                for c in old.roots() {
+                    if new.as_ref().is_none_or(|n| !n.roots().any(|k| k == c)) {
+                        evicted.push(format!("{name}@{}", c.id()));
+                    }
+                }
+            }
+        }
+        evicted.sort();
+        evicted.dedup();
+        Ok(evicted)
+    }
+
+    fn collect_fenced(&self, options: &Collect) -> StoreResult<Collected> {
         let mut report = Collected::default();
         let Some(_fence) = self.fence_exclusive()? else {
             report.skipped = true;
@@ -654,7 +704,8 @@ impl Store {
         Ok(removed)
     }
 
-    /// Removes regular files directly in `tmp/` older than `cutoff` whose lock is free.
+    /// Removes regular files directly in `tmp/` older than `cutoff` whose lock is free and
+    /// whose writer is gone.
     fn sweep_temps(&self, cutoff: SystemTime, dry_run: bool) -> StoreResult<usize> {
         let dir = self.root.join("tmp");
         let mut removed = 0;
@@ -665,6 +716,11 @@ impl Store {
                 continue;
             };
             if !meta.is_file() || meta.modified().is_ok_and(|m| m >= cutoff) {
+                continue;
+            }
+            // A running import's staged objects (unlocked, told live by its writer's lock).
+            let name = entry.file_name();
+            if super::objects::writer_alive(&dir, &name.to_string_lossy()) {
                 continue;
             }
             let Ok(file) = File::open(&path) else {
@@ -749,6 +805,9 @@ pub struct Collected {
     pub snapshots_removed: usize,
     /// Stale temp files removed.
     pub temps_removed: usize,
+    /// Commits of repos outside `local/` whose objects were evicted, taken out of their repos
+    /// (`ORG/NAME@sha256:<hex>`).
+    pub evicted: Vec<String>,
 }
 
 fn digests<S: serde::Serializer>(d: &[Sha256], s: S) -> Result<S::Ok, S::Error> {
