@@ -233,7 +233,8 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     println!(
         "total: {} repos, {} commits: {} logical in {} stored ({:.2}× dedup); {} rooted by \
-         local/ repos, {} cache kept by uses, {} named by no repo (gc frees it once past the grace)",
+         local/ repos, {} of other repos (cache, kept by uses), {} named by no repo (uses or holds \
+         may still keep it: `gc --dry-run` says what goes)",
         totals.repos,
         totals.commits,
         human(totals.logical),
