@@ -644,3 +644,40 @@ fn collections_during_an_import_leave_it_whole() {
         fs::read(&src).unwrap()
     );
 }
+
+/// Taking out a lane's newest commit makes `latest` show the older one: rm says so.
+#[test]
+fn rm_of_a_newest_commit_says_what_latest_falls_back_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (v1, v2) = (
+        dir.path().join("v1/x.safetensors"),
+        dir.path().join("v2/x.safetensors"),
+    );
+    for (path, seed) in [(&v1, 1), (&v2, 2)] {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        tiny(path, seed);
+    }
+    let first = commits(&ok(
+        &store,
+        &["import", v1.to_str().unwrap(), "--name", "local/x"],
+    ));
+    let second = commits(&ok(
+        &store,
+        &["import", v2.to_str().unwrap(), "--name", "local/x"],
+    ));
+    let said = ok(&store, &["rm", &format!("local/x@{}", second[0])]);
+    assert!(
+        said.contains(&format!(
+            "local/x/latest/u8 now shows the older {}",
+            first[0]
+        )),
+        "{said}"
+    );
+    let out = dir.path().join("out");
+    ok(&store, &["export", "local/x", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("x.safetensors")).unwrap(),
+        fs::read(&v1).unwrap()
+    );
+}

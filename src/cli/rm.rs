@@ -10,14 +10,14 @@
 //! A commit a release still names is refused, naming the release (remove it first); `latest`
 //! is no revision of its own and is refused. A repo left naming no commit is removed whole.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail};
 
 use super::Cli;
 use crate::format::{ObjectRef, Repo, Sha256};
-use crate::revisions::LATEST;
+use crate::revisions::{self, Revision, LATEST};
 
 /// Arguments of `rm`.
 #[derive(Debug, clap::Args)]
@@ -125,12 +125,33 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         }
         (Removal::Commit(c), _) => format!("commit sha256:{c} of {}", old.name),
     };
+    // What `latest` shows before and after: a lane whose newest commit goes falls back to an
+    // older one (or goes), which the mount and its views then show.
+    let latest_of = |repo: &Repo| -> BTreeMap<String, ObjectRef> {
+        revisions::lanes(repo, Revision::Latest, |c| store.tree(c).map(|t| t.lane))
+            .map(|lanes| lanes.into_iter().collect())
+            .unwrap_or_default()
+    };
+    let (before, after) = (
+        latest_of(&old),
+        new.as_ref().map(latest_of).unwrap_or_default(),
+    );
+    let moved: Vec<(String, Option<ObjectRef>)> = before
+        .iter()
+        .filter(|(lane, c)| after.get(*lane) != Some(c))
+        .map(|(lane, _)| (lane.clone(), after.get(lane).copied()))
+        .filter(|_| new.is_some())
+        .collect();
     if args.json {
         let out = serde_json::json!({
             "repo": old.name,
             "dry_run": args.dry_run,
             "removed": what,
             "repo_removed": new.is_none(),
+            "latest_changed": moved
+                .iter()
+                .map(|(lane, c)| (lane.clone(), c.map(|c| c.id())))
+                .collect::<BTreeMap<_, _>>(),
             "commits_unreferenced": gone.iter().map(ObjectRef::id).collect::<Vec<_>>(),
             "commits_no_repo_names": unnamed.iter().map(|c| c.id()).collect::<Vec<_>>(),
         });
@@ -156,6 +177,20 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             },
             c.id()
         );
+    }
+    for (lane, now) in &moved {
+        let shows = if args.dry_run { "would show" } else { "shows" };
+        match now {
+            Some(c) => println!(
+                "  {}/latest/{lane} now {shows} the older {}",
+                old.name,
+                c.id()
+            ),
+            None => println!(
+                "  {}/latest/{lane} now {shows} nothing: the lane is gone",
+                old.name
+            ),
+        }
     }
     if !args.dry_run && !unnamed.is_empty() {
         println!(
