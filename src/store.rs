@@ -79,10 +79,10 @@ pub enum StoreError {
     #[error(
         "no space: {} more in {} would leave less than the reserve of {} free ({} is free); \
          remove models (`tensorfs rm`, then `tensorfs gc`) or free space on that disk",
-        crate::store::retention::bytes(*needed),
+        indicatif::BinaryBytes(*needed),
         path.display(),
-        crate::store::retention::bytes(*reserve),
-        crate::store::retention::bytes(*available)
+        indicatif::BinaryBytes(*reserve),
+        indicatif::BinaryBytes(*available)
     )]
     NoSpace {
         /// The bytes to write.

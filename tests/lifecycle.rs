@@ -681,3 +681,29 @@ fn rm_of_a_newest_commit_says_what_latest_falls_back_to() {
         fs::read(&v1).unwrap()
     );
 }
+
+/// A `local/` repo's commit whose documents cannot be read stops the collection before
+/// anything is removed: what it keeps is unknown.
+#[test]
+fn gc_stops_on_a_local_commit_it_cannot_read_and_removes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    two_models(dir.path(), &root);
+    ok(&root, &["rm", "local/b"]);
+    let store = Store::open(&root).unwrap();
+    let commit = *store
+        .repo("local/a")
+        .unwrap()
+        .unwrap()
+        .roots()
+        .next()
+        .unwrap();
+    fs::remove_file(store.object_path(&commit)).unwrap();
+    let before = blobs(&root);
+    let err = fails(&root, &["gc", "--grace", "0"]);
+    assert!(
+        err.contains("local/a names commit") && err.contains("nothing was collected"),
+        "{err}"
+    );
+    assert_eq!(blobs(&root), before, "nothing removed");
+}

@@ -71,8 +71,8 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         .into_iter()
         .collect();
     // Commits no other repo names either are what a collection may free.
-    let elsewhere: BTreeSet<Sha256> = store
-        .repos()?
+    let repos = store.repos()?;
+    let elsewhere: BTreeSet<Sha256> = repos
         .iter()
         .filter(|r| !r.name.eq_ignore_ascii_case(name))
         .flat_map(|r| r.roots().map(|c| c.sha256).collect::<Vec<_>>())
@@ -81,12 +81,11 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         .iter()
         .filter(|c| !elsewhere.contains(&c.sha256))
         .collect();
-    if !args.dry_run {
+    if !args.dry_run && !unnamed.is_empty() {
         // Their uses go too (a use keeps a commit a week after its last use, a cache's rule);
         // so do those of their headers, unless a commit still named has the same one.
         let mut names: Vec<Sha256> = unnamed.iter().map(|c| c.sha256).collect();
-        let kept_headers: BTreeSet<Sha256> = store
-            .repos()?
+        let kept_headers: BTreeSet<Sha256> = repos
             .iter()
             .flat_map(|r| r.roots().copied().collect::<Vec<_>>())
             .filter_map(|c| store.tree(&c).ok().map(|t| t.header().1.sha256))

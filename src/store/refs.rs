@@ -65,6 +65,16 @@ impl Store {
     /// # Errors
     /// The lock file cannot be opened or locked.
     pub fn fence(&self) -> StoreResult<Lock> {
+        let (path, file) = self.fence_file()?;
+        file.lock_shared().map_err(io_err("lock", &path))?;
+        Ok(Lock(file))
+    }
+
+    /// `holds/gc.lock`, opened (created empty when absent, never truncated), unlocked.
+    ///
+    /// # Errors
+    /// It cannot be opened.
+    pub(super) fn fence_file(&self) -> StoreResult<(PathBuf, File)> {
         let path = self.root.join("holds").join("gc.lock");
         let file = fs::OpenOptions::new()
             .read(true)
@@ -73,8 +83,7 @@ impl Store {
             .truncate(false)
             .open(&path)
             .map_err(io_err("open", &path))?;
-        file.lock_shared().map_err(io_err("lock", &path))?;
-        Ok(Lock(file))
+        Ok((path, file))
     }
 
     /// The repo document of `name`, if the store has one.

@@ -57,21 +57,6 @@ pub fn shortfall(capacity: &Capacity, incoming: u64) -> u64 {
     (reserve(capacity) + incoming.max(1)).saturating_sub(capacity.available_bytes())
 }
 
-/// `n` bytes for messages: `1.50 GiB`.
-pub(crate) fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    match unit {
-        0 => format!("{n} B"),
-        _ => format!("{value:.2} {}", UNITS[unit]),
-    }
-}
-
 impl Store {
     /// Makes room for `incoming` bytes above the disk's [`reserve`]: when they would not fit,
     /// a collection first evicts what only uses keep (least recently used first, objects past
@@ -196,6 +181,18 @@ impl Drop for Hold {
 }
 
 impl Store {
+    /// `uses/`, and its exclusive `flock` (held while the returned file is), under which uses
+    /// are written and removed.
+    ///
+    /// # Errors
+    /// The folder cannot be opened or locked.
+    fn uses_locked(&self) -> StoreResult<(PathBuf, File)> {
+        let dir = self.root.join("uses");
+        let lock = File::open(&dir).map_err(io_err("open", &dir))?;
+        lock.lock().map_err(io_err("lock", &dir))?;
+        Ok((dir, lock))
+    }
+
     /// Records a use of `objects` named `name` (a commit's or header's digest), now:
     /// `uses/<name>` becomes the union of what it listed and `objects`, and its mtime now.
     /// Under the shared fence and an exclusive `flock` on `uses/`.
@@ -208,9 +205,7 @@ impl Store {
         objects: impl IntoIterator<Item = &'a ObjectRef>,
     ) -> StoreResult<()> {
         let _fence = self.fence()?;
-        let dir = self.root.join("uses");
-        let lock = File::open(&dir).map_err(io_err("open", &dir))?;
-        lock.lock().map_err(io_err("lock", &dir))?;
+        let (dir, _lock) = self.uses_locked()?;
         let path = dir.join(name.to_string());
         let old = read_digests(&path)?.unwrap_or_default();
         let mut new = old.clone();
@@ -229,9 +224,7 @@ impl Store {
     /// Removing a record fails.
     pub fn drop_uses(&self, names: &[Sha256]) -> StoreResult<usize> {
         let _fence = self.fence()?;
-        let dir = self.root.join("uses");
-        let lock = File::open(&dir).map_err(io_err("open", &dir))?;
-        lock.lock().map_err(io_err("lock", &dir))?;
+        let (dir, _lock) = self.uses_locked()?;
         let mut dropped = 0;
         for name in names {
             let path = dir.join(name.to_string());
@@ -263,14 +256,7 @@ impl Store {
     /// Takes the collector's fence exclusively, without waiting: `None` while any writer or
     /// another collection holds it.
     fn fence_exclusive(&self) -> StoreResult<Option<Lock>> {
-        let path = self.root.join("holds").join("gc.lock");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
+        let (path, file) = self.fence_file()?;
         match file.try_lock() {
             Ok(()) => Ok(Some(Lock(file))),
             Err(fs::TryLockError::WouldBlock) => Ok(None),
