@@ -9,6 +9,8 @@
 //!                                the verifying BlobReader like any other
 //!                                  └── Fetcher: one flight per object however many wait,
 //!                                      prefetches bounded, bytes admitted by remote::admit
+//!                                        └── Cache: room in the budget and above the
+//!                                            reserve, least recently read evicted
 //! ```
 //!
 //! Parts:
@@ -19,6 +21,8 @@
 //!   length and SHA-256 are right, under the collector's fence.
 //! - [`objects`]: [`FetchingSource`], the mount's [`ObjectSource`](crate::io::ObjectSource).
 //! - [`catalog`]: [`RemoteCatalog`], the mount's [`Catalog`](crate::fs::Catalog).
+//! - [`cache`]: [`Cache`], the room each transfer needs in the budget and above the disk's
+//!   reserve.
 //!
 //! Faults: transfers are retried until [`LazyConfig::fetch_deadline`] passes without a byte
 //! received (a wrong copy is asked for again the same way), so a passing fault only delays a
@@ -31,9 +35,14 @@
 //! refs, so a later mount without an endpoint shows them and reads what was fetched (what was
 //! never read is absent there, and reads as EIO).
 //!
+//! Space: [`cache`] keeps what the store's cache holds within [`LazyConfig::cache_size`] and
+//! above the disk's reserve, evicting least recently read objects (an open file reads an
+//! evicted one again by fetching it again).
+//!
 //! Non-goals: byte ranges smaller than a chunk (a chunk is fetched whole, at most 64 MiB),
-//! evicting fetched objects, uploads.
+//! uploads.
 
+pub mod cache;
 pub mod catalog;
 pub mod fetcher;
 pub mod objects;
@@ -41,6 +50,7 @@ pub mod objects;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use cache::{Cache, CacheStats};
 pub use catalog::RemoteCatalog;
 pub use fetcher::{FetchFailed, Fetcher, FetcherStats};
 pub use objects::FetchingSource;
@@ -73,6 +83,9 @@ pub struct LazyConfig {
     pub startup_wait: Duration,
     /// Prefetches in flight at most (default 4); readers' own fetches are not limited.
     pub max_prefetches: usize,
+    /// The most bytes the store's cache may hold (see [`cache`]); `None` (the default): what
+    /// the disk holds above the reserve.
+    pub cache_size: Option<u64>,
 }
 
 impl std::fmt::Debug for LazyConfig {
@@ -85,6 +98,7 @@ impl std::fmt::Debug for LazyConfig {
             .field("refresh_interval", &self.refresh_interval)
             .field("startup_wait", &self.startup_wait)
             .field("max_prefetches", &self.max_prefetches)
+            .field("cache_size", &self.cache_size)
             .finish()
     }
 }
@@ -100,6 +114,7 @@ impl LazyConfig {
             refresh_interval: Duration::from_secs(30),
             startup_wait: Duration::from_secs(10),
             max_prefetches: 4,
+            cache_size: None,
         }
     }
 }
@@ -117,6 +132,9 @@ pub enum LazyError {
     /// A repo named to show is not `<org>/<name>`, or is in the `local` org.
     #[error("{0}")]
     Repo(String),
+    /// The store's records cannot be read to size its cache.
+    #[error("reading what the store's cache holds: {0}")]
+    Cache(#[source] crate::store::StoreError),
 }
 
 /// The two halves of a lazy mount over one endpoint, sharing one [`Fetcher`].
@@ -153,13 +171,20 @@ impl LazyMount {
             ..ClientConfig::default()
         };
         let endpoint = connect::open(&config.endpoint, config.token.clone(), Access::Read, client)?;
-        let fetcher = Arc::new(Fetcher::new(
+        let objects = Arc::new(FetchingSource::new(
             store.clone(),
-            endpoint,
-            config.max_prefetches,
+            config.cache_size,
+            |cache| {
+                Ok(Arc::new(Fetcher::new(
+                    store.clone(),
+                    cache,
+                    endpoint,
+                    config.max_prefetches,
+                )?))
+            },
         )?);
-        let catalog = Arc::new(RemoteCatalog::new(store.clone(), fetcher.clone(), &config));
-        let objects = Arc::new(FetchingSource::new(store, fetcher.clone()));
+        let fetcher = objects.fetcher().clone();
+        let catalog = Arc::new(RemoteCatalog::new(store, fetcher.clone(), &config));
         Ok(LazyMount {
             catalog,
             objects,

@@ -300,3 +300,127 @@ fn a_store_directory_is_an_origin_of_the_lazy_mount() {
     m.unmount();
     store_is_clean(&local);
 }
+
+/// The bytes of every blob under `store/blobs`, sampled until stopped; the most seen.
+struct Sampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Sampler {
+    fn start(store: &Store) -> Sampler {
+        let blobs = store.root().join("blobs");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                let bytes: u64 = walkdir(&blobs);
+                peak = peak.max(bytes);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            peak
+        });
+        Sampler { stop, thread }
+    }
+
+    fn peak(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+fn walkdir(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => walkdir(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Reads `file` whole from its start, past the page cache (dropped first, so the mount
+/// serves every byte).
+fn read_uncached(file: &std::fs::File) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain call on an open descriptor.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let mut bytes = vec![0u8; file.metadata().unwrap().len() as usize];
+    if let Err(e) = file.read_exact_at(&mut bytes, 0) {
+        panic!("{e}: {}", fuse_support::logs());
+    }
+    bytes
+}
+
+#[test]
+fn a_lazy_mount_reading_three_times_its_cache_budget_stays_within_it() {
+    // a: four chunks of 16 MiB; b: one of 4 MiB. The budget holds two of a's chunks (what
+    // one read across a boundary needs) beside b, not a whole.
+    let origin = Origin::start("budget", 8, Size::Wide);
+    let local = origin.local_store("local");
+    let budget: u64 = 40 << 20;
+    let m = mount_with(&local, |config| {
+        let mut remote = LazyConfig::new(&origin.proxy.url);
+        remote.cache_size = Some(budget);
+        config.remote = Some(remote);
+    });
+    let sampler = Sampler::start(&local);
+    let (a, b) = (
+        origin.mounted(&m.root, "a.safetensors"),
+        origin.mounted(&m.root, "b.safetensors"),
+    );
+    let mut read = 0;
+    // a, more than the budget, while it stays open: its first chunk goes for its second.
+    let file = std::fs::File::open(&a).unwrap();
+    let bytes = read_uncached(&file);
+    assert!(bytes == origin.files["a.safetensors"], "a reads right");
+    read += bytes.len();
+    // Its start again, still open: fetched again.
+    let first = origin.chunks["a.safetensors"][0];
+    assert_eq!(origin.proxy.gets(&first.sha256.hex()), 1);
+    let bytes = read_uncached(&file);
+    assert!(
+        bytes == origin.files["a.safetensors"],
+        "a reads right again"
+    );
+    read += bytes.len();
+    assert!(
+        origin.proxy.gets(&first.sha256.hex()) >= 2,
+        "evicted, then fetched again"
+    );
+    drop(file);
+    for path in [&b, &a, &b] {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let bytes = read_uncached(&std::fs::File::open(path).unwrap());
+        assert!(bytes == origin.files[name], "{name} reads right");
+        read += bytes.len();
+    }
+    let peak = sampler.peak();
+    println!(
+        "read {} MiB through a cache of {} MiB: its peak was {:.2} MiB ({:.2} of the budget)",
+        read >> 20,
+        budget >> 20,
+        peak as f64 / (1 << 20) as f64,
+        peak as f64 / budget as f64
+    );
+    assert!(read as u64 >= 3 * budget, "read {read} bytes");
+    // A walk of the folder is not atomic: it may see a chunk evicted after it was counted
+    // and one landed since, so it may overcount by one chunk.
+    let chunk = origin.chunks["a.safetensors"][0].length;
+    assert!(
+        peak <= budget + chunk,
+        "the cache peaked at {peak} bytes over {budget}: {}",
+        fuse_support::logs()
+    );
+    m.unmount();
+    store_is_clean(&local);
+    // What stayed reads offline.
+    let offline = mount(&local);
+    let b = origin.mounted(&offline.root, "b.safetensors");
+    assert!(std::fs::read(&b).unwrap() == origin.files["b.safetensors"]);
+}

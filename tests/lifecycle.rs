@@ -268,19 +268,6 @@ fn a_collection_killed_at_any_point_leaves_every_ref_complete_and_the_next_one_f
     );
 }
 
-/// Sets the mtime of every file under `dir` back by `age`.
-fn age(dir: &Path, by: Duration) {
-    let then = SystemTime::now() - by;
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            age(&p, by);
-        } else if let Ok(f) = fs::File::open(&p) {
-            let _ = f.set_modified(then);
-        }
-    }
-}
-
 /// A use past the TTL (by a clock moved on) is dropped, and what only it kept goes.
 #[test]
 fn a_use_expires_a_week_after_its_last_use() {

@@ -682,3 +682,91 @@ fn serve_with_write_makes_an_absent_store_and_serve_without_refuses() {
     assert!(line.contains("read-write"), "{line}");
     assert!(absent.join("format").is_file(), "the store was made");
 }
+
+fn stored_bytes(root: &Path) -> u64 {
+    blobs(root).values().map(|b| b.len() as u64).sum()
+}
+
+#[test]
+fn download_keeps_the_cache_within_its_budget_evicting_the_least_recently_used_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, _) = published_store(dir.path());
+    // A second model of other bytes, published as acme/big.
+    let weights = dir.path().join("big.safetensors");
+    let tensor = T(
+        "w",
+        safetensors::Dtype::F32,
+        vec![1 << 18],
+        floats(1 << 18, 7),
+    );
+    fs::write(&weights, safetensors_file(&[tensor], None)).unwrap();
+    ok(
+        &origin,
+        &["import", weights.to_str().unwrap(), "--name", "local/big"],
+    );
+    let store = Store::open_existing(&origin).unwrap();
+    let big = store.repo("local/big").unwrap().unwrap().commits[0];
+    publish(&store, "acme/big", None, big);
+    let server = Server::start(&origin, &[], &[]);
+    let local = dir.path().join("local");
+
+    succeeded(&download(
+        &local,
+        &["acme/tiny@1.0", "--endpoint", &server.url],
+        &[],
+    ));
+    let tiny_bytes = stored_bytes(&local);
+    // Used, then left for two hours: past the grace, as cache is once it is not new.
+    age(&local.join("blobs"), std::time::Duration::from_secs(7200));
+    age(&local.join("uses"), std::time::Duration::from_secs(7200));
+
+    // A budget smaller than the model alone is refused before anything is fetched.
+    let big_id = format!("acme/big@{}", big.id());
+    let out = download(
+        &local,
+        &[&big_id, "--endpoint", &server.url, "--cache-size", "64K"],
+        &[],
+    );
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("more than the cache's budget of 64.00 KiB"),
+        "{said}"
+    );
+    assert_eq!(stored_bytes(&local), tiny_bytes, "nothing fetched");
+
+    // A budget that holds the new model but not both: the older model goes, whole.
+    let big_bytes = Store::open_existing(&origin)
+        .unwrap()
+        .commit(&big)
+        .unwrap()
+        .closure()
+        .iter()
+        .map(|o| o.length)
+        .sum::<u64>();
+    let budget = big_bytes + tiny_bytes / 2;
+    let budget_arg = budget.to_string();
+    succeeded(&download(
+        &local,
+        &[
+            &big_id,
+            "--endpoint",
+            &server.url,
+            "--cache-size",
+            &budget_arg,
+        ],
+        &[],
+    ));
+    let after = stored_bytes(&local);
+    assert!(
+        after <= budget,
+        "{after} bytes stored over a budget of {budget}"
+    );
+    assert!(
+        !local.join("refs/acme/tiny.json").exists(),
+        "the evicted model leaves the listing"
+    );
+    let listed = ok(&local, &["ls"]);
+    assert!(listed.contains("acme/big"), "{listed}");
+    ok(&local, &["verify"]);
+}

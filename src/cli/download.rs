@@ -50,6 +50,12 @@ pub struct Args {
     /// included) before the download fails (60, 60s, 500ms, 2m).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub fetch_deadline: std::time::Duration,
+    /// Keep the store's cache (what no local/ repo keeps: downloaded and fetched models)
+    /// within SIZE once this model is in (20G, 512M), evicting the least recently used objects
+    /// first; a model larger than SIZE is refused. Default: what the disk holds above its
+    /// reserve (2 % of it, 1–10 GiB).
+    #[arg(long, value_name = "SIZE", value_parser = super::parse_size)]
+    pub cache_size: Option<u64>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -125,6 +131,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         let progress = Arc::new(Bar::new("downloading"));
         let config = DownloadConfig {
             jobs: args.jobs.max(1),
+            cache_size: args.cache_size,
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

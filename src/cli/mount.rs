@@ -53,6 +53,11 @@ pub struct Args {
     /// waiting for it fails with EIO (60, 60s, 500ms, 2m).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub fetch_deadline: Duration,
+    /// Keep the store's cache (what no local/ repo keeps: fetched models) within SIZE (20G,
+    /// 512M), evicting the least recently read objects; an open file fetches an evicted part
+    /// again. Default: what the disk holds above its reserve (2 % of it, 1–10 GiB).
+    #[arg(long, value_name = "SIZE", requires = "endpoint", value_parser = parse_size)]
+    pub cache_size: Option<u64>,
     /// Serve files read whole from local copies (views) at the speed of a local file, keeping
     /// up to SIZE of views (20G, 512M; 0: off, the default). Files that are one blob pass
     /// through to it; views cost disk space. Needs FUSE passthrough (Linux 6.9+, root).
@@ -108,6 +113,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         token: args.token.clone().filter(|t| !t.is_empty()),
         repos: args.repos.clone(),
         fetch_deadline: args.fetch_deadline,
+        cache_size: args.cache_size,
         ..LazyConfig::new(endpoint.to_owned())
     });
     if args.foreground {
@@ -159,6 +165,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         }
         let deadline = format!("{}ms", remote.fetch_deadline.as_millis());
         command.arg("--fetch-deadline").arg(deadline);
+        if let Some(size) = remote.cache_size {
+            command.arg("--cache-size").arg(size.to_string());
+        }
         // The token by the environment, never on a command line others can read.
         match &remote.token {
             Some(token) => command.env("TENSORFS_TOKEN", token),

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use super::{LazyError, FAILURE_MEMORY};
+use super::cache::NoRoom;
+use super::{Cache, LazyError, FAILURE_MEMORY};
 use crate::format::{ObjectRef, Sha256};
 use crate::remote::admit::{admit, AdmitError};
 use crate::remote::origin::FetchError;
@@ -72,32 +73,42 @@ struct Counters {
     failures: AtomicU64,
 }
 
+/// How a flight ended.
+#[derive(Clone, Debug)]
+enum Outcome {
+    /// The object is in the store.
+    Landed,
+    /// A prefetch the cache had no room for: not made (a reader waiting on it starts its own).
+    Declined,
+    /// The transfer failed.
+    Failed(FetchFailed),
+}
+
 /// One object's transfer, which any number of readers wait for.
 #[derive(Debug)]
 struct Flight {
-    /// `None` while it runs; then its result and when it ended.
-    state: Mutex<Option<(Result<(), FetchFailed>, Instant)>>,
+    /// `None` while it runs; then its outcome and when it ended.
+    state: Mutex<Option<(Outcome, Instant)>>,
     done: Condvar,
 }
 
 impl Flight {
-    fn wait(&self) -> Result<(), FetchFailed> {
+    fn wait(&self) -> Outcome {
         let mut state = lock(&self.state);
         loop {
-            if let Some((result, _)) = &*state {
-                return result.clone();
+            if let Some((outcome, _)) = &*state {
+                return outcome.clone();
             }
             state = self.done.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// A failure still fresh enough to answer with, or `None` when it runs, succeeded or is
-    /// old.
-    fn fresh_failure(&self) -> Option<bool> {
+    /// Whether to join it: it runs, or failed recently enough to answer with.
+    fn joinable(&self) -> bool {
         match &*lock(&self.state) {
-            None => Some(false),
-            Some((Err(_), at)) if at.elapsed() < FAILURE_MEMORY => Some(true),
-            Some(_) => None,
+            None => true,
+            Some((Outcome::Failed(_), at)) => at.elapsed() < FAILURE_MEMORY,
+            Some(_) => false,
         }
     }
 }
@@ -106,6 +117,7 @@ impl Flight {
 #[derive(Debug)]
 pub struct Fetcher {
     store: Store,
+    cache: Arc<Cache>,
     endpoint: Arc<dyn Origin>,
     /// Dropped with `shutdown_background`, which is allowed inside another runtime.
     runtime: Option<tokio::runtime::Runtime>,
@@ -117,13 +129,14 @@ pub struct Fetcher {
 }
 
 impl Fetcher {
-    /// Transfers from `endpoint` into `store`, with at most `max_prefetches` prefetches in
-    /// flight.
+    /// Transfers from `endpoint` into `store`, within `cache`'s budget, with at most
+    /// `max_prefetches` prefetches in flight.
     ///
     /// # Errors
     /// The runtime cannot start.
     pub fn new(
         store: Store,
+        cache: Arc<Cache>,
         endpoint: Arc<dyn Origin>,
         max_prefetches: usize,
     ) -> Result<Fetcher, LazyError> {
@@ -137,6 +150,7 @@ impl Fetcher {
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
             store,
+            cache,
             endpoint,
             flights: Arc::default(),
             max_prefetches,
@@ -153,6 +167,11 @@ impl Fetcher {
     /// The store objects are admitted into.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The cache objects are admitted into.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
     }
 
     /// The transfers' runtime, for other work on the endpoint.
@@ -177,16 +196,19 @@ impl Fetcher {
     /// # Errors
     /// The first failure among them (after the deadline, or a final answer).
     pub fn ensure(&self, objects: &[ObjectRef]) -> Result<(), FetchFailed> {
-        let flights: Vec<Arc<Flight>> = objects
+        let flights: Vec<(&ObjectRef, Arc<Flight>)> = objects
             .iter()
             .filter(|o| !self.store.contains(o))
-            .map(|o| self.flight(o, false))
+            .map(|o| (o, self.flight(o, false)))
             .collect();
         let mut first = Ok(());
-        for flight in flights {
-            let result = flight.wait();
-            if first.is_ok() {
-                first = result;
+        for (object, flight) in flights {
+            let mut outcome = flight.wait();
+            while let Outcome::Declined = outcome {
+                outcome = self.flight(object, false).wait();
+            }
+            if let (Outcome::Failed(e), true) = (outcome, first.is_ok()) {
+                first = Err(e);
             }
         }
         first
@@ -210,7 +232,7 @@ impl Fetcher {
     fn flight(&self, object: &ObjectRef, prefetch: bool) -> Arc<Flight> {
         let mut flights = lock(&self.flights);
         if let Some(flight) = flights.get(&object.sha256) {
-            if flight.fresh_failure().is_some() {
+            if flight.joinable() {
                 return flight.clone();
             }
         }
@@ -223,7 +245,11 @@ impl Fetcher {
         if prefetch {
             self.prefetching.fetch_add(1, Ordering::Relaxed);
         }
-        let (store, endpoint) = (self.store.clone(), self.endpoint.clone());
+        let (store, cache, endpoint) = (
+            self.store.clone(),
+            self.cache.clone(),
+            self.endpoint.clone(),
+        );
         let (counters, prefetching) = (self.counters.clone(), self.prefetching.clone());
         let flights = self.flights.clone();
         let (object, running) = (*object, flight.clone());
@@ -231,13 +257,22 @@ impl Fetcher {
             let received = |n: u64| {
                 counters.received_bytes.fetch_add(n, Ordering::Relaxed);
             };
-            let result = transfer(&store, endpoint.as_ref(), &object, &received).await;
-            match &result {
-                Ok(()) => {
+            let outcome = transfer(
+                &store,
+                &cache,
+                endpoint.as_ref(),
+                &object,
+                prefetch,
+                &received,
+            )
+            .await;
+            match &outcome {
+                Outcome::Landed => {
                     counters.objects.fetch_add(1, Ordering::Relaxed);
                     counters.bytes.fetch_add(object.length, Ordering::Relaxed);
                 }
-                Err(e) => {
+                Outcome::Declined => {}
+                Outcome::Failed(e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
                     // The read that waits for it logs the failure; a prefetch's is quiet.
                     tracing::debug!("{e}");
@@ -246,12 +281,12 @@ impl Fetcher {
             if prefetch {
                 prefetching.fetch_sub(1, Ordering::Relaxed);
             }
-            let landed = result.is_ok();
-            *lock(&running.state) = Some((result, Instant::now()));
+            let answered = !matches!(outcome, Outcome::Failed(_));
+            *lock(&running.state) = Some((outcome, Instant::now()));
             running.done.notify_all();
-            // A success is the store's to answer from now on; a failure stays for
-            // FAILURE_MEMORY, then the next reader starts afresh.
-            if landed {
+            // A success is the store's to answer from now on, a declined prefetch nobody's; a
+            // failure stays for FAILURE_MEMORY, then the next reader starts afresh.
+            if answered {
                 let mut flights = lock(&flights);
                 if flights
                     .get(&object.sha256)
@@ -266,30 +301,47 @@ impl Fetcher {
     }
 }
 
-/// One object fetched and admitted under the collector's fence.
+/// One object fetched and admitted under the collector's fence, within the cache's budget.
 async fn transfer(
     store: &Store,
+    cache: &Cache,
     endpoint: &dyn Origin,
     object: &ObjectRef,
+    prefetch: bool,
     received: &(dyn Fn(u64) + Sync),
-) -> Result<(), FetchFailed> {
-    let failed = |cause: AdmitError| FetchFailed {
-        object: *object,
-        endpoint: endpoint.url().to_string(),
-        cause: Arc::new(cause),
+) -> Outcome {
+    let failed = |cause: AdmitError| {
+        Outcome::Failed(FetchFailed {
+            object: *object,
+            endpoint: endpoint.url().to_string(),
+            cause: Arc::new(cause),
+        })
     };
     if store.contains(object) {
-        return Ok(());
+        return Outcome::Landed;
     }
-    // Room for it above the disk's reserve, evicting least recently used cache first.
-    tokio::task::block_in_place(|| store.make_room(object.length)).map_err(|e| failed(e.into()))?;
-    let _fence = tokio::task::block_in_place(|| store.fence()).map_err(|e| failed(e.into()))?;
+    // Room for it in the budget and above the disk's reserve, evicting cache first. A
+    // prefetch without room is not made; a reader then fetches and meets the error itself.
+    let room = match cache.room(object, prefetch).await {
+        Ok(room) => room,
+        Err(_) if prefetch => return Outcome::Declined,
+        Err(NoRoom::Store(e)) => return failed(e.into()),
+        Err(NoRoom::Prefetch) => return Outcome::Declined,
+    };
+    let _fence = match tokio::task::block_in_place(|| store.fence()) {
+        Ok(fence) => fence,
+        Err(e) => return failed(e.into()),
+    };
     if store.contains(object) {
-        return Ok(());
+        return Outcome::Landed;
     }
-    admit(store, endpoint, object, received)
-        .await
-        .map_err(failed)
+    match admit(store, endpoint, object, received).await {
+        Ok(()) => {
+            room.landed(object);
+            Outcome::Landed
+        }
+        Err(e) => failed(e),
+    }
 }
 
 impl Drop for Fetcher {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::io;
 use std::sync::{Arc, RwLock};
 
-use super::Fetcher;
+use super::{Cache, Fetcher, LazyError};
 use crate::format::{ObjectRef, Sha256};
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::io::{ObjectRead, ObjectSource};
@@ -16,20 +16,44 @@ use crate::sync::{read, write};
 /// Reads objects from the store, fetching the missing ones from the endpoint first.
 #[derive(Debug)]
 pub struct FetchingSource {
-    reader: BlobReader,
+    reader: Arc<BlobReader>,
     fetcher: Arc<Fetcher>,
     /// Objects seen present, so a read costs no `stat` per object.
-    present: RwLock<HashSet<Sha256>>,
+    present: Arc<RwLock<HashSet<Sha256>>>,
 }
 
 impl FetchingSource {
-    /// A source over `store` fetching through `fetcher`.
-    pub fn new(store: Store, fetcher: Arc<Fetcher>) -> FetchingSource {
-        FetchingSource {
-            reader: BlobReader::new(store, BlobReaderConfig::default()),
-            fetcher,
-            present: RwLock::default(),
-        }
+    /// A source over `store` fetching through a fetcher [`FetchingSource::fetcher`] makes;
+    /// the fetcher's cache is kept within `budget` bytes (`None`: the disk's reserve alone).
+    ///
+    /// # Errors
+    /// The store's records cannot be read (to size its cache), or `fetcher` fails.
+    pub fn new(
+        store: Store,
+        budget: Option<u64>,
+        fetcher: impl FnOnce(Arc<Cache>) -> Result<Arc<Fetcher>, LazyError>,
+    ) -> Result<FetchingSource, LazyError> {
+        let reader = Arc::new(BlobReader::new(store.clone(), BlobReaderConfig::default()));
+        let present: Arc<RwLock<HashSet<Sha256>>> = Arc::default();
+        // An evicted object is closed and no longer known present: a read fetches it again.
+        let release = {
+            let (reader, present) = (reader.clone(), present.clone());
+            Box::new(move |digest: &Sha256| {
+                write(&present).remove(digest);
+                reader.close(std::slice::from_ref(digest));
+            })
+        };
+        let cache = Arc::new(Cache::new(store, budget, release).map_err(LazyError::Cache)?);
+        Ok(FetchingSource {
+            reader,
+            fetcher: fetcher(cache)?,
+            present,
+        })
+    }
+
+    /// The fetcher.
+    pub fn fetcher(&self) -> &Arc<Fetcher> {
+        &self.fetcher
     }
 
     /// Fetches those of `objects` not known present.
@@ -76,6 +100,7 @@ impl ObjectSource for FetchingSource {
 
     fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {
         let objects: Vec<ObjectRef> = reads.iter().map(|r| *r.object).collect();
+        let _pin = self.fetcher.cache().pin(&objects);
         self.ensure(&objects)?;
         match self.reader.read_objects(reads) {
             // Removed since it was seen (a repair): fetched again.

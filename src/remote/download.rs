@@ -23,6 +23,7 @@ use super::origin::FetchError;
 use super::origin::Origin;
 use super::{is_local, Resolved, WireRef};
 use crate::format::{FormatError, Header, ObjectRef, Repo, Sha256, Tree};
+use crate::store::retention::{Collect, Hold, GRACE};
 use crate::store::{Store, StoreError};
 
 /// Which revision of the model to download.
@@ -41,11 +42,18 @@ pub enum Revision {
 pub struct DownloadConfig {
     /// Objects fetched at once (default 8).
     pub jobs: usize,
+    /// The most bytes the store's cache (what no `local/` repo keeps) may hold once the
+    /// commit is in, least recently used objects evicted first ([`Store::evict`]); `None`
+    /// (the default): what the disk holds above its reserve.
+    pub cache_size: Option<u64>,
 }
 
 impl Default for DownloadConfig {
     fn default() -> Self {
-        DownloadConfig { jobs: 8 }
+        DownloadConfig {
+            jobs: 8,
+            cache_size: None,
+        }
     }
 }
 
@@ -106,6 +114,9 @@ pub enum DownloadError {
     /// What was asked for does not exist or is ambiguous.
     #[error("{0}")]
     Resolve(String),
+    /// The commit does not fit the cache's budget.
+    #[error("{0}")]
+    Budget(String),
 }
 
 /// Result of a download.
@@ -190,6 +201,12 @@ pub async fn download(
     // and nothing of this download is in the store yet but documents younger than its grace.
     drop(fence);
     let incoming = leaf_bytes + (tree_bytes.len() + header_bytes.len()) as u64;
+    let _reused = match config.cache_size {
+        Some(budget) => Some(tokio::task::block_in_place(|| {
+            within_budget(store, name, &commit, &closure, incoming, budget)
+        })?),
+        None => None,
+    };
     tokio::task::block_in_place(|| store.make_room(incoming))?;
     let _fence = store.fence()?;
     progress.start(leaf_bytes);
@@ -229,6 +246,74 @@ pub async fn download(
                 .map(|(length, _)| length)
                 .sum::<u64>(),
     })
+}
+
+/// Makes the store's cache hold at most `budget` bytes once `incoming` more are in: a
+/// collection drops the least recently used uses first (whole models: their commits leave
+/// their repos). Returns the hold that keeps the closure's objects already here, so the
+/// collection neither takes them for this download nor sweeps them before the commit is named.
+///
+/// # Errors
+/// [`DownloadError::Budget`] when `incoming` alone is over the budget, or what the cache must
+/// keep (held, used by a root, younger than the grace) leaves too little; the store's errors.
+fn within_budget(
+    store: &Store,
+    name: &str,
+    commit: &ObjectRef,
+    closure: &BTreeSet<ObjectRef>,
+    incoming: u64,
+    budget: u64,
+) -> DownloadResult<Hold> {
+    let human = |n: u64| indicatif::BinaryBytes(n).to_string();
+    let what = format!("{name}@{}", commit.id());
+    if incoming > budget {
+        return Err(DownloadError::Budget(format!(
+            "{what}: its {} to fetch are more than the cache's budget of {}; give a larger \
+             --cache-size, or none (the cache is then bounded by the disk's reserve)",
+            human(incoming),
+            human(budget)
+        )));
+    }
+    let hold = store.hold(closure.iter().chain(std::iter::once(commit)))?;
+    let collect = Collect {
+        incoming,
+        cache_budget: Some(budget),
+        ..Collect::default()
+    };
+    // A writer or another collection holds the fence for a moment: asked again.
+    let mut report = store.collect(&collect)?;
+    for _ in 0..50 {
+        if !report.skipped {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        report = store.collect(&collect)?;
+    }
+    if report.skipped {
+        return Err(DownloadError::Budget(format!(
+            "{what}: the cache could not be brought within its budget of {}: another process \
+             kept writing to the store or collecting it; nothing was fetched, try again",
+            human(budget)
+        )));
+    }
+    if report.cache_bytes + incoming > budget {
+        return Err(DownloadError::Budget(format!(
+            "{what}: {} to fetch do not fit the cache's budget of {}: the cache holds {} that \
+             cannot go now (held by a running process, such as a mount's open files, or \
+             younger than the grace of {} minutes); nothing was fetched",
+            human(incoming),
+            human(budget),
+            human(report.cache_bytes),
+            GRACE.as_secs() / 60
+        )));
+    }
+    if !report.evicted.is_empty() {
+        tracing::info!(
+            "evicted to stay within the cache's budget: {}",
+            report.evicted.join(", ")
+        );
+    }
+    Ok(hold)
 }
 
 /// A document from the store when it is here, else from the endpoint (verified either way).

@@ -37,6 +37,9 @@ use super::refs::Lock;
 use super::{io_err, Capacity, Store, StoreError, StoreResult};
 use crate::format::{Header, ObjectRef, Repo, Sha256};
 
+mod evict;
+pub use evict::{CacheObject, Evict, Evicted};
+
 /// How long a use keeps its objects after its last use: 7 days.
 pub const TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -326,14 +329,11 @@ impl Store {
             report.skipped = true;
             return Ok(report);
         };
-        let cutoff = options
-            .now
-            .checked_sub(options.grace)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let cutoff = cutoff(options.now, options.grace);
         if !options.dry_run {
             report.restored = self.restore_swept()?;
         }
-        let roots = self.roots(options.dry_run, &mut report)?;
+        let roots = self.roots(options.dry_run, true, &mut report)?;
         let mut uses = self.uses()?;
         // A use a root names counts as used now.
         for u in uses.iter_mut().filter(|u| roots.contains(&u.name)) {
@@ -358,6 +358,17 @@ impl Store {
                     report.reserve_short = need;
                     dropper.drop_uses(&mut uses, need, Some(options.now), &mut report);
                 }
+            }
+        }
+        let cache_bytes: u64 = objects
+            .iter()
+            .filter(|(o, _)| !roots.contains(&o.sha256))
+            .map(|(o, _)| o.length)
+            .sum();
+        if let Some(budget) = options.cache_budget {
+            let need = (cache_bytes + options.incoming).saturating_sub(budget);
+            if need > 0 {
+                dropper.drop_uses(&mut uses, need, Some(options.now), &mut report);
             }
         }
         if !options.dry_run {
@@ -387,7 +398,7 @@ impl Store {
                 report.removed.push(*object);
                 report.removed_bytes += object.length;
             } else {
-                match self.sweep(object, cutoff)? {
+                match self.sweep(object, &|mtime| mtime >= cutoff)? {
                     Swept::Removed => {
                         report.removed.push(*object);
                         report.removed_bytes += object.length;
@@ -400,6 +411,7 @@ impl Store {
                 }
             }
         }
+        report.cache_bytes = cache_bytes - report.removed_bytes;
         report.snapshots_removed = self.sweep_snapshots(&marked, cutoff, options.dry_run)?;
         report.temps_removed = self.sweep_temps(cutoff, options.dry_run)?;
         if !options.dry_run {
@@ -433,13 +445,21 @@ impl Store {
         Ok(restored)
     }
 
-    /// Every root digest; removes dead holds and stale `files/` records unless `dry_run`.
-    fn roots(&self, dry_run: bool, report: &mut Collected) -> StoreResult<HashSet<Sha256>> {
+    /// Every root digest; removes dead holds and stale `files/` records unless `dry_run`. With
+    /// `own_holds` false, this process's holds (`holds/<pid>-*`) root nothing.
+    fn roots(
+        &self,
+        dry_run: bool,
+        own_holds: bool,
+        report: &mut Collected,
+    ) -> StoreResult<HashSet<Sha256>> {
         let mut roots = HashSet::new();
         let holds = self.root.join("holds");
+        let own = format!("{}-", std::process::id());
         for entry in fs::read_dir(&holds).map_err(io_err("list", &holds))? {
             let entry = entry.map_err(io_err("list", &holds))?;
-            if entry.file_name() == "gc.lock" {
+            let name = entry.file_name();
+            if name == "gc.lock" || (!own_holds && name.to_string_lossy().starts_with(&own)) {
                 continue;
             }
             let path = entry.path();
@@ -623,8 +643,8 @@ impl Store {
     }
 
     /// Sweeps one object: unless a reader holds it, renamed into `tmp/gc/`, then removed
-    /// unless it became young meanwhile (an import that reused it), which puts it back.
-    fn sweep(&self, object: &ObjectRef, cutoff: SystemTime) -> StoreResult<Swept> {
+    /// unless its mtime says it is `young` (an import reused it meanwhile), which puts it back.
+    fn sweep(&self, object: &ObjectRef, young: &dyn Fn(SystemTime) -> bool) -> StoreResult<Swept> {
         let path = self.object_path(object);
         let file = match File::open(&path) {
             Ok(file) => file,
@@ -645,7 +665,7 @@ impl Store {
         let mtime = fs::metadata(&swept)
             .and_then(|m| m.modified())
             .map_err(io_err("stat", &swept))?;
-        if mtime >= cutoff {
+        if young(mtime) {
             fs::rename(&swept, &path).map_err(io_err("rename", &path))?;
             return Ok(Swept::Young);
         }
@@ -733,8 +753,11 @@ pub struct Collect {
     pub ttl: Duration,
     /// Drop the least recently used uses while the disk is short of [`reserve`].
     pub keep_reserve: bool,
-    /// Bytes about to be written, which must fit above the reserve too.
+    /// Bytes about to be written, which must fit above the reserve (and the budget) too.
     pub incoming: u64,
+    /// The most bytes the cache (what no root keeps) may hold once `incoming` more are in:
+    /// the least recently used uses are dropped until it would (`None`: no budget).
+    pub cache_budget: Option<u64>,
     /// The time to judge ages by (tests set a later one).
     pub now: SystemTime,
     /// Change nothing; report what would go.
@@ -748,6 +771,7 @@ impl Default for Collect {
             ttl: TTL,
             keep_reserve: true,
             incoming: 0,
+            cache_budget: None,
             now: SystemTime::now(),
             dry_run: false,
         }
@@ -772,6 +796,8 @@ pub struct Collected {
     pub dropped_uses: Vec<Sha256>,
     /// Bytes the disk was short of its reserve before the sweep.
     pub reserve_short: u64,
+    /// The cache's bytes (objects on disk no root keeps) after the sweep.
+    pub cache_bytes: u64,
     /// Objects a root or use keeps, and their bytes.
     pub kept: usize,
     /// Bytes of `kept`.
@@ -925,6 +951,11 @@ fn read_digests(path: &Path) -> StoreResult<Option<BTreeSet<Sha256>>> {
 /// A file name that is a digest (64 lowercase hex digits).
 fn digest_name(name: &std::ffi::OsStr) -> Option<Sha256> {
     name.to_str()?.parse().ok()
+}
+
+/// The mtime from which on an object is young: `now` less the grace.
+fn cutoff(now: SystemTime, grace: Duration) -> SystemTime {
+    now.checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// Sets `path`'s mtime to now.

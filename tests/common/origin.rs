@@ -24,6 +24,8 @@ pub enum Size {
     Small,
     /// `a`: 17 MiB + 17 MiB + 1 MiB (three chunks), `b`: 2 MiB + 2 MiB (one chunk).
     Large,
+    /// `a`: four tensors of 16 MiB (four chunks), `b`: 2 MiB + 2 MiB (one chunk).
+    Wide,
 }
 
 /// A published model behind a proxy.
@@ -50,9 +52,15 @@ impl Origin {
         let (a, b): (Vec<usize>, Vec<usize>) = match size {
             Size::Small => (vec![MIB, MIB], vec![MIB / 2, MIB / 2]),
             Size::Large => (vec![17 * MIB, 17 * MIB, MIB], vec![2 * MIB, 2 * MIB]),
+            Size::Wide => (vec![16 * MIB; 4], vec![2 * MIB, 2 * MIB]),
         };
         let file = |sizes: &[usize], seed: u64| {
-            const NAMES: [&str; 3] = ["layers.0.weight", "layers.1.weight", "layers.2.weight"];
+            const NAMES: [&str; 4] = [
+                "layers.0.weight",
+                "layers.1.weight",
+                "layers.2.weight",
+                "layers.3.weight",
+            ];
             let tensors: Vec<T> = sizes
                 .iter()
                 .enumerate()
