@@ -12,6 +12,7 @@ mod mount;
 mod quantize;
 mod rm;
 mod serve;
+mod status;
 mod target;
 mod upload;
 mod verify;
@@ -63,6 +64,8 @@ pub enum Command {
     Mount(mount::Args),
     /// Unmount a mount point and stop its daemon.
     Unmount(mount::UnmountArgs),
+    /// The running mounts: store, endpoint, cache and budget, views, holds, and counters.
+    Status(status::Args),
     /// Serve the store over HTTP as a distribution/1 endpoint.
     Serve(serve::Args),
     /// Download a model's commit from an endpoint into the store.
@@ -188,6 +191,7 @@ pub fn main() -> ExitCode {
         Command::Du(args) => du::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Unmount(args) => mount::unmount(args),
+        Command::Status(args) => status::run(args),
         Command::Serve(args) => serve::run(&cli, args),
         Command::Download(args) => download::run(&cli, args),
         Command::Upload(args) => upload::run(&cli, args),

@@ -37,6 +37,7 @@ pub mod lanes;
 pub mod namespace;
 mod ops;
 mod resolve;
+pub mod status;
 #[cfg(test)]
 mod tests;
 

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
@@ -74,6 +75,22 @@ pub trait ObjectSource: Send + Sync {
     fn close(&self, digests: &[Sha256]) {
         let _ = digests;
     }
+
+    /// What the source did since it started (`tensorfs status`; the default did nothing).
+    fn stats(&self) -> SourceStats {
+        SourceStats::default()
+    }
+}
+
+/// What an [`ObjectSource`] did since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SourceStats {
+    /// Blobs opened and proven to hold their object's bytes (by the ledger, or hashed).
+    pub proven: u64,
+    /// Of those, blobs hashed to prove them.
+    pub hashed: u64,
+    /// Blobs found damaged (not the bytes their name promises).
+    pub damaged: u64,
 }
 
 /// One range of an object to read.
@@ -124,6 +141,8 @@ pub struct BlobReader {
     opening: Mutex<HashMap<Sha256, Arc<Mutex<()>>>>,
     /// Blobs found damaged, with their stamp then: refused without hashing until they change.
     damaged: Mutex<HashMap<Sha256, Stamp>>,
+    /// Blobs proven, hashed and found damaged.
+    counts: [AtomicU64; 3],
 }
 
 impl BlobReader {
@@ -137,6 +156,7 @@ impl BlobReader {
             open: Mutex::new(LruCache::new(capacity)),
             opening: Mutex::default(),
             damaged: Mutex::default(),
+            counts: Default::default(),
         }
     }
 
@@ -189,8 +209,10 @@ impl BlobReader {
             return Err(damaged(&path, None));
         }
         if !self.ledger.proves(object, &meta) {
+            self.counts[1].fetch_add(1, Ordering::Relaxed);
             let found = hash_file(&file)?;
             if found != *object {
+                self.counts[2].fetch_add(1, Ordering::Relaxed);
                 lock(&self.damaged).insert(object.sha256, stamp);
                 return Err(damaged(&path, Some(&found)));
             }
@@ -198,6 +220,7 @@ impl BlobReader {
                 tracing::debug!("could not note verified blob {}: {e}", path.display());
             }
         }
+        self.counts[0].fetch_add(1, Ordering::Relaxed);
         Ok(Open {
             blob: Blob::new(file, path, object.length),
             stamp,
@@ -221,6 +244,15 @@ fn damaged(path: &std::path::Path, found: Option<&ObjectRef>) -> io::Error {
 }
 
 impl ObjectSource for BlobReader {
+    fn stats(&self) -> SourceStats {
+        let get = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        SourceStats {
+            proven: get(0),
+            hashed: get(1),
+            damaged: get(2),
+        }
+    }
+
     fn close(&self, digests: &[Sha256]) {
         let mut open = lock(&self.open);
         for d in digests {

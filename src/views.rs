@@ -204,6 +204,15 @@ impl ViewCache {
         })
     }
 
+    /// How many views are built, and their bytes.
+    pub fn usage(&self) -> (usize, u64) {
+        let index = lock(&self.index);
+        (
+            index.ready.len(),
+            index.ready.values().map(|(size, _)| size).sum(),
+        )
+    }
+
     /// The settings.
     pub fn config(&self) -> &ViewConfig {
         &self.config

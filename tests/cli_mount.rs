@@ -260,3 +260,54 @@ fn a_mount_over_an_endpoint_makes_its_absent_store_and_one_without_refuses() {
     );
     ok(&store, &["unmount", mnt.to_str().unwrap()]);
 }
+
+#[test]
+fn status_reports_a_running_mount_from_its_daemon() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt, out) = mounted_tiny(dir.path(), &[]);
+    let _cleanup = Cleanup(&mnt);
+    let pid: i32 = out
+        .split("daemon pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {out}"));
+    let weights = mnt.join("local/tiny/latest/f32/model.safetensors");
+    let mut file = fs::File::open(&weights).unwrap();
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).unwrap();
+    let mnt_arg = mnt.to_str().unwrap();
+
+    let said: serde_json::Value =
+        serde_json::from_str(&ok(&store, &["status", mnt_arg, "--json"])).unwrap();
+    let s = &said[0];
+    assert_eq!(s["pid"], pid, "{said}");
+    assert_eq!(
+        s["mountpoint"],
+        mnt.canonicalize().unwrap().to_str().unwrap()
+    );
+    assert_eq!(s["store"], store.canonicalize().unwrap().to_str().unwrap());
+    assert_eq!(s["open_files"], 1, "{said}");
+    assert_eq!(
+        s["holds"]["commits"], 1,
+        "the open file's commit is held: {said}"
+    );
+    assert!(
+        s["bytes_served"].as_u64().unwrap() >= bytes.len() as u64,
+        "{said}"
+    );
+    assert!(s["blobs"]["proven"].as_u64().unwrap() >= 1, "{said}");
+    assert!(s["endpoint"].is_null() && s["cache"].is_null(), "{said}");
+    let human = ok(&store, &["status", mnt_arg]);
+    assert!(human.contains(&format!("daemon pid {pid}")), "{human}");
+    assert!(human.contains("1 file open"), "{human}");
+    drop(file);
+
+    // Unmounted: no mount there to report.
+    ok(&store, &["unmount", mnt_arg]);
+    let err = fails(&store, &["status", mnt_arg]);
+    assert!(err.contains("not a TensorFS mount"), "{err}");
+    let err = fails(&store, &["status", dir.path().to_str().unwrap()]);
+    assert!(err.contains("not a TensorFS mount"), "{err}");
+}

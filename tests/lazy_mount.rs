@@ -401,12 +401,24 @@ fn a_lazy_mount_reading_three_times_its_cache_budget_stays_within_it() {
         read += bytes.len();
     }
     let peak = sampler.peak();
+    // The daemon's own account agrees.
+    let status = fuse_support::status(&m.root);
+    let cache = &status["cache"];
+    assert_eq!(cache["budget_bytes"], budget, "{status}");
+    let counted = cache["peak_bytes"].as_u64().unwrap();
+    assert!(counted <= budget, "{status}");
+    assert!(cache["evicted"].as_u64().unwrap() > 0, "{status}");
+    assert!(status["fetch"]["objects"].as_u64().unwrap() > 5, "{status}");
+    assert_eq!(status["read_errors"], 0, "{status}");
     println!(
-        "read {} MiB through a cache of {} MiB: its peak was {:.2} MiB ({:.2} of the budget)",
+        "read {} MiB through a cache of {} MiB: its peak was {:.2} MiB on disk ({:.2} of the \
+         budget), {:.2} MiB by the daemon's count; {} objects evicted",
         read >> 20,
         budget >> 20,
         peak as f64 / (1 << 20) as f64,
-        peak as f64 / budget as f64
+        peak as f64 / budget as f64,
+        counted as f64 / (1 << 20) as f64,
+        cache["evicted"]
     );
     assert!(read as u64 >= 3 * budget, "read {read} bytes");
     // A walk of the folder is not atomic: it may see a chunk evicted after it was counted

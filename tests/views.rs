@@ -45,19 +45,6 @@ fn view_state(path: &Path) -> String {
     String::from_utf8(value).unwrap()
 }
 
-fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 256];
-    // SAFETY: both strings are NUL-terminated; the buffer is ours and its length is passed.
-    let len = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (len >= 0).then(|| {
-        buf.truncate(len as usize);
-        buf
-    })
-}
-
 /// The files of views folder `dir` but its marker: views and temporary files.
 fn views_in(dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = fs::read_dir(dir)

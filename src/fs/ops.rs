@@ -19,7 +19,7 @@ use super::lanes::{self, ChildKind, Lane, LaneCache};
 use super::namespace::Snapshot;
 use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, LaneRef, Opened, XattrReply,
-    SEQUENTIAL_SLACK_BYTES,
+    ROOT_INO, SEQUENTIAL_SLACK_BYTES,
 };
 use crate::extents::ioctl::{Command, IoctlError, Query};
 use crate::extents::{FileTensors, LocateError};
@@ -32,6 +32,8 @@ use crate::store::retention::Hold;
 use crate::store::Store;
 use crate::sync::{lock, read};
 use crate::views::{ViewCache, ViewState};
+
+use super::status::{Counters, StatusExtra, STATUS};
 
 /// [`OpenFile::read_end`] before the handle's first read.
 const NO_READ: u64 = u64::MAX;
@@ -66,9 +68,9 @@ enum Handle {
 /// The read-only TensorFS namespace over a [`Catalog`] and an [`ObjectSource`].
 pub struct TensorFs {
     pub(super) catalog: Arc<dyn Catalog>,
-    objects: Arc<dyn ObjectSource>,
+    pub(super) objects: Arc<dyn ObjectSource>,
     pub(super) config: FsConfig,
-    mounted_at: SystemTime,
+    pub(super) mounted_at: SystemTime,
     pub(super) inodes: InodeTable,
     pub(super) lanes: LaneCache,
     /// Hub view snapshot folders built lately.
@@ -83,11 +85,15 @@ pub struct TensorFs {
     next_handle: AtomicU64,
     /// The commits of open files, each held in the store once ([`Catalog::retain`]) with how
     /// many open files need it.
-    retained: Mutex<HashMap<Sha256, (usize, Option<Hold>)>>,
+    pub(super) retained: Mutex<HashMap<Sha256, (usize, Option<Hold>)>>,
     /// When each failing commit or file was last logged.
     pub(super) reported: Mutex<HashMap<String, Instant>>,
     /// Views for passthrough, with [`FsConfig::views`].
-    views: Option<ViewCache>,
+    pub(super) views: Option<ViewCache>,
+    /// What the status counts.
+    pub(super) counters: Counters,
+    /// What a layer above adds to the status.
+    pub(super) status_extra: OnceLock<StatusExtra>,
 }
 
 impl std::fmt::Debug for TensorFs {
@@ -130,7 +136,17 @@ impl TensorFs {
             next_handle: AtomicU64::new(1),
             retained: Mutex::default(),
             reported: Mutex::default(),
+            counters: Counters::default(),
+            status_extra: OnceLock::new(),
         }
+    }
+
+    /// Handles open to files.
+    pub(super) fn open_files(&self) -> usize {
+        lock(&self.handles)
+            .values()
+            .filter(|h| !matches!(h, Handle::Dir(_)))
+            .count()
     }
 
     /// The namespace of `store`, its bytes read through a verifying [`BlobReader`].
@@ -150,6 +166,7 @@ impl TensorFs {
     /// `ENOENT` when absent, `ENOTDIR` when `parent` is a file, `EIO` when refs or the commit
     /// cannot be read.
     pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Entry> {
+        self.counters.request();
         let dir = self.dir_inode(parent)?;
         let not_found = || FsError::NotFound {
             parent,
@@ -234,6 +251,7 @@ impl TensorFs {
     /// # Errors
     /// `ENOENT` for an unknown inode, `EIO` when a lane folder's commit cannot be read.
     pub fn getattr(&self, ino: u64) -> FsResult<Entry> {
+        self.counters.request();
         let inode = self.inode(ino)?;
         Ok(Entry {
             attr: self.attr(&inode)?,
@@ -246,6 +264,7 @@ impl TensorFs {
     /// # Errors
     /// As [`TensorFs::lookup`].
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        self.counters.request();
         let listing = self.list(ino)?;
         Ok(self.add_handle(Handle::Dir(listing.into())))
     }
@@ -263,6 +282,7 @@ impl TensorFs {
         offset: u64,
         mut add: impl FnMut(&DirEntry) -> bool,
     ) -> FsResult<()> {
+        self.counters.request();
         let listing = match self.handle(fh) {
             Some(Handle::Dir(listing)) => listing,
             _ => self.list(ino)?.into(),
@@ -278,6 +298,7 @@ impl TensorFs {
 
     /// Closes a handle of [`TensorFs::opendir`] or [`TensorFs::open`].
     pub fn release(&self, fh: u64) {
+        self.counters.request();
         if let Some(Handle::File(file)) = lock(&self.handles).remove(&fh) {
             let mut retained = lock(&self.retained);
             let commit = file.lane.commit.sha256;
@@ -319,6 +340,8 @@ impl TensorFs {
     /// `EROFS` when `write` (any write access, truncation), `EISDIR` on a folder, `EIO` when
     /// the commit cannot be laid out.
     pub fn open(&self, ino: u64, write: bool) -> FsResult<Opened> {
+        self.counters.request();
+        self.counters.open();
         if write {
             return Err(FsError::ReadOnly);
         }
@@ -403,6 +426,14 @@ impl TensorFs {
     /// `EBADF` for a handle not open to a file; `EIO` when a blob is absent or damaged (one
     /// log line names the commit, the file and the repair).
     pub fn read(&self, fh: u64, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
+        self.counters.request();
+        let result = self.read_handle(fh, offset, buf);
+        self.counters
+            .read(result.as_ref().map(|n| *n).map_err(|_| ()));
+        result
+    }
+
+    fn read_handle(&self, fh: u64, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
         let file = match self.handle(fh) {
             Some(Handle::File(file)) => file,
             Some(Handle::Bytes(bytes)) => {
@@ -466,7 +497,13 @@ impl TensorFs {
     /// # Errors
     /// `ENODATA` for an attribute the inode lacks, `ERANGE` when `size` is too small.
     pub fn getxattr(&self, ino: u64, name: &str, size: u32) -> FsResult<XattrReply> {
+        self.counters.request();
         let no_attribute = || FsError::NoAttribute(name.to_owned());
+        if ino == ROOT_INO && name == STATUS {
+            let mut bytes = serde_json::to_vec(&self.status()).expect("JSON values serialize");
+            bytes.push(b'\n');
+            return sized(bytes, size);
+        }
         if name == attrs::VIEW {
             let state = self.view_state(ino)?.ok_or_else(no_attribute)?;
             return sized(state.as_str().as_bytes().to_vec(), size);
@@ -485,8 +522,13 @@ impl TensorFs {
     /// # Errors
     /// `ERANGE` when `size` is too small.
     pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
+        self.counters.request();
         let inode = self.inode(ino)?;
         let mut list = Vec::new();
+        if ino == ROOT_INO {
+            list.extend_from_slice(STATUS.as_bytes());
+            list.push(0);
+        }
         for name in self
             .with_item(&inode.node, attrs::names)?
             .unwrap_or_default()
@@ -534,6 +576,7 @@ impl TensorFs {
     /// a terminal); the errnos of [`IoctlError::errno`] for a refused query; `EIO` when the
     /// commit cannot be read.
     pub fn ioctl(&self, fh: u64, cmd: u32, input: &[u8], out_size: u32) -> FsResult<Vec<u8>> {
+        self.counters.request();
         let Some(command) = Command::of(cmd) else {
             return Err(FsError::NoIoctl(cmd));
         };
@@ -570,6 +613,7 @@ impl TensorFs {
     /// # Errors
     /// `ENOENT` for an unknown inode, `EROFS` when asking to write.
     pub fn access(&self, ino: u64, mask: i32) -> FsResult<()> {
+        self.counters.request();
         self.inode(ino)?;
         if mask & libc::W_OK != 0 {
             return Err(FsError::ReadOnly);
@@ -579,6 +623,7 @@ impl TensorFs {
 
     /// The mount's totals: the store's filesystem sizes and the inodes given out.
     pub fn statfs(&self) -> FsStats {
+        self.counters.request();
         let capacity = self.catalog.capacity();
         FsStats {
             blocks: capacity.map_or(0, |c| c.blocks),

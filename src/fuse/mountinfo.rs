@@ -25,21 +25,48 @@ struct MountInfo {
 /// The topmost mount on `mountpoint`. Read from mountinfo rather than by `stat`, which would
 /// ask our own daemon (and deadlock before it serves) or fail on a stale mount.
 fn find_mount(mountpoint: &Path) -> Option<MountInfo> {
-    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    text.lines()
+    entries()
+        .into_iter()
         .rev()
+        .find(|(path, _)| path == mountpoint)
+        .map(|(_, info)| info)
+}
+
+/// The mount points of every TensorFS mount this process sees, in mount order (a mount point
+/// mounted over lists its topmost mount only if that is ours).
+pub fn mounts() -> Vec<PathBuf> {
+    let entries = entries();
+    let mut out: Vec<PathBuf> = Vec::new();
+    for (i, (path, info)) in entries.iter().enumerate() {
+        let topmost = !entries[i + 1..].iter().any(|(p, _)| p == path);
+        if topmost && info.fstype == FSTYPE {
+            out.push(path.clone());
+        }
+    }
+    out
+}
+
+/// Every mount of `/proc/self/mountinfo`, in its order.
+fn entries() -> Vec<(PathBuf, MountInfo)> {
+    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
             let fields: Vec<&str> = left.split(' ').collect();
-            let path = unescape(fields.get(4)?);
+            let path = PathBuf::from(unescape(fields.get(4)?));
             let device = fields.get(2)?;
             let fstype = right.split(' ').next()?;
-            (Path::new(&path) == mountpoint).then(|| MountInfo {
-                device: device.to_string(),
-                fstype: fstype.to_owned(),
-            })
+            Some((
+                path,
+                MountInfo {
+                    device: device.to_string(),
+                    fstype: fstype.to_owned(),
+                },
+            ))
         })
-        .next()
+        .collect()
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).

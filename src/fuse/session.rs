@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use fuser::{MountOption, Session, SessionACL, SessionUnmounter};
 
-pub use super::mountinfo::is_mounted;
 use super::mountinfo::set_read_ahead;
+pub use super::mountinfo::{is_mounted, mounts};
 use super::FuseAdapter;
 use crate::fs::{FsConfig, TensorFs};
 use crate::lazy::{LazyConfig, LazyError, LazyMount};
@@ -267,13 +267,15 @@ struct Mounted {
 fn start(config: &MountConfig) -> Result<Mounted, MountError> {
     let mountpoint = check_mountpoint(&config.mountpoint)?;
     let store = Store::open_existing(&config.store)?;
-    let fs = match &config.remote {
-        None => TensorFs::over_store(store, config.fs.clone()),
+    let (fs, fetcher) = match &config.remote {
+        None => (TensorFs::over_store(store, config.fs.clone()), None),
         Some(remote) => {
             let lazy = LazyMount::open(store, remote.clone())?;
-            TensorFs::new(lazy.catalog, lazy.objects, config.fs.clone())
+            let fs = TensorFs::new(lazy.catalog, lazy.objects, config.fs.clone());
+            (fs, Some((lazy.fetcher, remote.endpoint.clone())))
         }
     };
+    fs.set_status_extra(status_extra(&mountpoint, fetcher));
     let fs = Arc::new(fs);
     let mut session = Session::new(FuseAdapter::new(fs), &mountpoint, &config.fuser_config())
         .map_err(|source| MountError::Mount {
@@ -308,6 +310,33 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
         session,
         unmounter,
         mountpoint,
+    })
+}
+
+/// The status fields a mount adds to its namespace's: `pid`, `mountpoint`, and over an
+/// endpoint `endpoint`, `fetch` (its transfers) and `cache` (its use and budget); null
+/// without one.
+fn status_extra(
+    mountpoint: &Path,
+    fetcher: Option<(Arc<crate::lazy::Fetcher>, String)>,
+) -> crate::fs::status::StatusExtra {
+    let mountpoint = mountpoint.to_path_buf();
+    Box::new(move || {
+        let (endpoint, fetch, cache) = match &fetcher {
+            Some((fetcher, endpoint)) => (
+                serde_json::json!(endpoint),
+                serde_json::json!(fetcher.stats()),
+                serde_json::json!(fetcher.cache().stats()),
+            ),
+            None => Default::default(),
+        };
+        let mut fields = serde_json::Map::new();
+        fields.insert("pid".into(), std::process::id().into());
+        fields.insert("mountpoint".into(), serde_json::json!(mountpoint));
+        fields.insert("endpoint".into(), endpoint);
+        fields.insert("fetch".into(), fetch);
+        fields.insert("cache".into(), cache);
+        fields
     })
 }
 

@@ -114,10 +114,7 @@ impl Cache {
         budget: Option<u64>,
         release: Box<dyn Fn(&Sha256) + Send + Sync>,
     ) -> Result<Cache, StoreError> {
-        let used = match budget {
-            Some(_) => store.cache_objects()?.iter().map(|c| c.object.length).sum(),
-            None => 0,
-        };
+        let used = store.cache_objects()?.iter().map(|c| c.object.length).sum();
         Ok(Cache {
             store,
             budget,

@@ -53,7 +53,7 @@ impl FetchFailed {
 }
 
 /// What the transfers did so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FetcherStats {
     /// Objects admitted.
     pub objects: u64,

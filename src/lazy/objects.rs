@@ -86,6 +86,10 @@ impl FetchingSource {
 }
 
 impl ObjectSource for FetchingSource {
+    fn stats(&self) -> crate::io::SourceStats {
+        self.reader.stats()
+    }
+
     fn close(&self, digests: &[Sha256]) {
         self.reader.close(digests);
     }

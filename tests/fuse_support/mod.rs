@@ -350,3 +350,28 @@ pub fn drop_cached_pages(path: &std::path::Path) {
     };
     assert_eq!(rc, 0);
 }
+
+/// The value of extended attribute `name` of `path`, `None` when it has none (or on error).
+pub fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: both strings are NUL-terminated; a null buffer of size 0 asks for the size.
+    let size = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    if size < 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; size as usize];
+    // SAFETY: the buffer is ours and its length is passed.
+    let len = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| {
+        buf.truncate(len as usize);
+        buf
+    })
+}
+
+/// What the daemon of the mount at `root` says of itself (`user.tensorfs.status`).
+pub fn status(root: &Path) -> serde_json::Value {
+    let bytes = xattr(root, "user.tensorfs.status").expect("the mount's status");
+    serde_json::from_slice(&bytes).expect("the status is JSON")
+}

@@ -1,0 +1,199 @@
+//! `tensorfs status [MOUNTPOINT] [--json]`: the running mounts, as each daemon reports itself
+//! in the `user.tensorfs.status` attribute of its mount's root ([`crate::fs::status`]).
+//!
+//! Mounts are found in `/proc/self/mountinfo` (type `fuse.tensorfs`). A mount whose daemon is
+//! gone answers `ENOTCONN` (stale), one mounted by another user without `allow_other` refuses
+//! (`EACCES`), and a daemon that does not answer within [`ANSWER_WAIT`] is reported as such;
+//! none of them stops the others from being listed.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::bail;
+use serde_json::{json, Value};
+
+use super::{count, human};
+use crate::fs::status::STATUS;
+use crate::fuse::session;
+
+/// How long a daemon may take to answer.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// Arguments of `status`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// One mount point (default: every TensorFS mount).
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: Option<PathBuf>,
+    /// Print each mount's status as JSON (an array of objects).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let mounts = match &args.mountpoint {
+        Some(path) => {
+            let canonical = std::path::absolute(path)?;
+            if !session::is_mounted(&canonical) {
+                bail!("{} is not a TensorFS mount", path.display());
+            }
+            vec![canonical]
+        }
+        None => session::mounts(),
+    };
+    let statuses: Vec<Value> = mounts.iter().map(|m| query(m)).collect();
+    let all_answered = statuses.iter().all(|s| s.get("problem").is_none());
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&statuses)?);
+    } else if statuses.is_empty() {
+        println!("no TensorFS mounts (`tensorfs mount MOUNTPOINT` makes one)");
+    } else {
+        for status in &statuses {
+            print!("{}", describe(status));
+        }
+    }
+    Ok(match all_answered {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::FAILURE,
+    })
+}
+
+/// The status of the mount at `mountpoint`, or `{"mountpoint", "problem", "fix"}`.
+fn query(mountpoint: &Path) -> Value {
+    let path = mountpoint.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // A hung daemon blocks the call: it is left behind, and the process exits without it.
+    std::thread::spawn(move || {
+        let _ = tx.send(getxattr(&path, STATUS));
+    });
+    let problem = |problem: String, fix: &str| json!({"mountpoint": mountpoint, "problem": problem, "fix": fix});
+    match rx.recv_timeout(ANSWER_WAIT) {
+        Ok(Ok(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(status) => status,
+            Err(e) => problem(
+                format!("its status is not JSON ({e})"),
+                "a daemon of another version: unmount and mount again",
+            ),
+        },
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => problem(
+            "stale: its daemon is gone".into(),
+            &format!(
+                "tensorfs unmount --lazy {} (then mount again)",
+                mountpoint.display()
+            ),
+        ),
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::EACCES) => problem(
+            "another user's mount (without allow_other): its status is theirs to read".into(),
+            "run `tensorfs status` as that user",
+        ),
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENODATA) => problem(
+            "its daemon reports no status (an older version)".into(),
+            "unmount and mount again with this version",
+        ),
+        Ok(Err(e)) => problem(format!("reading its status: {e}"), "see the daemon's log"),
+        Err(_) => problem(
+            format!(
+                "its daemon did not answer within {} s",
+                ANSWER_WAIT.as_secs()
+            ),
+            "see the daemon's log; `kill` its pid, then `tensorfs unmount --lazy`",
+        ),
+    }
+}
+
+/// The value of extended attribute `name` of `path`.
+fn getxattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let c_name = CString::new(name)?;
+    let mut buf = vec![0u8; 64 << 10];
+    // SAFETY: both strings are NUL-terminated and live across the call; `buf` is writable for
+    // its length.
+    let n = unsafe {
+        libc::getxattr(
+            c_path.as_ptr(),
+            c_name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// A mount's status as lines for a terminal.
+fn describe(s: &Value) -> String {
+    let u = |v: &Value| v.as_u64().unwrap_or(0);
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+    let mut out = format!("{}\n", text(&s["mountpoint"]));
+    if let Some(problem) = s.get("problem") {
+        out += &format!("  {}; fix: {}\n", text(problem), text(&s["fix"]));
+        return out;
+    }
+    let from = match s["endpoint"].as_str() {
+        Some(endpoint) => format!(" with the models of {endpoint}"),
+        None => String::new(),
+    };
+    out += &format!(
+        "  daemon pid {}, store {}{from}, up {}\n",
+        u(&s["pid"]),
+        text(&s["store"]),
+        humantime::format_duration(Duration::from_secs(u(&s["uptime_s"])))
+    );
+    out += &format!(
+        "  {} answered; {} served by {} ({} failed); {} open of {} opened\n",
+        count(u(&s["requests"]) as usize, "request"),
+        human(u(&s["bytes_served"])),
+        count(u(&s["reads"]) as usize, "read"),
+        u(&s["read_errors"]),
+        count(u(&s["open_files"]) as usize, "file"),
+        u(&s["opens"]),
+    );
+    out += &format!(
+        "  holds {} ({}) against collections; blobs proven {} ({} hashed, {} damaged)\n",
+        count(u(&s["holds"]["commits"]) as usize, "commit"),
+        count(u(&s["holds"]["objects"]) as usize, "object"),
+        u(&s["blobs"]["proven"]),
+        u(&s["blobs"]["hashed"]),
+        u(&s["blobs"]["damaged"]),
+    );
+    if s["fetch"].is_object() {
+        let f = &s["fetch"];
+        out += &format!(
+            "  fetched {} ({}; {} received), {} failed\n",
+            count(u(&f["objects"]) as usize, "object"),
+            human(u(&f["bytes"])),
+            human(u(&f["received_bytes"])),
+            count(u(&f["failures"]) as usize, "transfer"),
+        );
+    }
+    if s["cache"].is_object() {
+        let c = &s["cache"];
+        let budget = match c["budget_bytes"].as_u64() {
+            Some(b) => format!("of a {} budget", human(b)),
+            None => "(bounded by the disk's reserve)".to_owned(),
+        };
+        out += &format!(
+            "  cache {} {budget}, peak {}; evicted {} ({})\n",
+            human(u(&c["used_bytes"])),
+            human(u(&c["peak_bytes"])),
+            count(u(&c["evicted"]) as usize, "object"),
+            human(u(&c["evicted_bytes"])),
+        );
+    }
+    if s["views"].is_object() {
+        let v = &s["views"];
+        out += &format!(
+            "  views {} ({} of {})\n",
+            u(&v["count"]),
+            human(u(&v["bytes"])),
+            human(u(&v["budget_bytes"])),
+        );
+    }
+    out
+}
