@@ -694,3 +694,53 @@ fn gc_stops_on_a_local_commit_it_cannot_read_and_removes_nothing() {
     );
     assert_eq!(blobs(&root), before, "nothing removed");
 }
+
+/// Unmounts `path` on drop.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A disk with no block and no inode left: `tmp/gc/` cannot be made, yet the collection is
+/// what frees space, so it removes in place.
+#[test]
+fn gc_on_a_full_disk_frees_what_nothing_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    fs::create_dir(&disk).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,nr_inodes=64", "none"])
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a tmpfs needs root");
+    let _unmount = Unmount(disk.clone());
+    let root = disk.join("store");
+    let store = Store::open(&root).unwrap();
+    // An object nothing names, past the grace.
+    let garbage = store.put_bytes(&bytes(1 << 20, 3)).unwrap();
+    drop(store.fence().unwrap());
+    age(&root.join("blobs"), Duration::from_secs(7200));
+    // Every inode, then every block, taken.
+    let mut n = 0;
+    while fs::File::create(disk.join(format!("f{n}"))).is_ok() {
+        n += 1;
+    }
+    let mut fill = fs::OpenOptions::new()
+        .append(true)
+        .open(disk.join("f0"))
+        .unwrap();
+    while std::io::Write::write_all(&mut fill, &[0u8; 4096]).is_ok() {}
+    assert!(
+        fs::create_dir(root.join("tmp/probe")).is_err(),
+        "the disk is full"
+    );
+
+    let report = gc(&root, &["--grace", "1h"]);
+    assert_eq!(report["removed"].as_array().unwrap().len(), 1, "{report}");
+    assert!(!store.contains(&garbage));
+    ok(&root, &["verify"]);
+}

@@ -417,7 +417,14 @@ impl Store {
         if !options.dry_run {
             let _ = fs::remove_dir(self.root.join("tmp").join("gc"));
             let swept = self.root.join("uses").join(".swept");
-            File::create(&swept).map_err(io_err("create", &swept))?;
+            match File::create(&swept) {
+                Ok(_) => {}
+                // Only the reference's next write reads it (to collect again sooner).
+                Err(e) if is_full(&e) => {
+                    tracing::warn!("the disk is full: {} is not updated", swept.display())
+                }
+                Err(e) => return Err(io_err("create", &swept)(e)),
+            }
         }
         Ok(report)
     }
@@ -657,7 +664,23 @@ impl Store {
             Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", &path)(e)),
         }
         let trash = self.root.join("tmp").join("gc");
-        fs::create_dir_all(&trash).map_err(io_err("create", &trash))?;
+        if let Err(e) = fs::create_dir_all(&trash) {
+            if !is_full(&e) {
+                return Err(io_err("create", &trash)(e));
+            }
+            // A full disk has no block for `tmp/gc/`, and a collection is how it gets one:
+            // checked and removed in place, still under the exclusive fence. Once one object
+            // has gone, the next sweeps through `tmp/gc/` again.
+            let mtime = file
+                .metadata()
+                .and_then(|m| m.modified())
+                .map_err(io_err("stat", &path))?;
+            if young(mtime) {
+                return Ok(Swept::Young);
+            }
+            fs::remove_file(&path).map_err(io_err("remove", &path))?;
+            return Ok(Swept::Removed);
+        }
         let swept = trash.join(object.sha256.to_string());
         if fs::rename(&path, &swept).is_err() {
             return Ok(Swept::Busy);
@@ -951,6 +974,11 @@ fn read_digests(path: &Path) -> StoreResult<Option<BTreeSet<Sha256>>> {
 /// A file name that is a digest (64 lowercase hex digits).
 fn digest_name(name: &std::ffi::OsStr) -> Option<Sha256> {
     name.to_str()?.parse().ok()
+}
+
+/// Whether `e` says the disk (or the user's quota) is full.
+fn is_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 /// The mtime from which on an object is young: `now` less the grace.
