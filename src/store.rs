@@ -9,6 +9,8 @@
 //! <root>/tmp/                        objects being written, never named until whole
 //! <root>/verified                    this implementation's ledger of blobs proven intact
 //! <root>/hub/<org>/<name>.json       this implementation's hub identities of local repos
+//! <root>/views/<digest>              this implementation's views: copies of mounted files
+//!                                    (crate::views), dropped first when the disk is short
 //! ```
 //!
 //! - One door admits objects (`objects`): bytes stream into `tmp/`, are hashed, flushed
@@ -48,6 +50,10 @@ const LAYOUT: [&str; 6] = ["blobs", "refs", "holds", "files", "uses", "tmp"];
 /// What this implementation keeps in a store beside the reference's layout: the verification
 /// ledger and the hub records.
 const OURS: [&str; 2] = ["verified", "hub"];
+
+/// The file that marks a folder as views' (`<root>/views/` or a mount's `--view-dir`), so
+/// nothing else is ever removed from it.
+pub const VIEWS_MARKER: &str = ".tensorfs-views";
 
 /// Documents (trees, headers, repos) larger than this are refused before reading.
 pub const MAX_DOCUMENT_BYTES: u64 = 256 << 20;

@@ -17,9 +17,12 @@
 //! A view is written through the same [`ObjectSource`] reads serve (so from proven blobs) into a
 //! temporary file, `fsync`ed, made read-only and renamed: it is whole or absent. The cache
 //! keeps at most `capacity_bytes` of views, dropping the least recently opened after each
-//! build, and builds nothing that would leave the filesystem with less than
-//! [`RESERVE_BYTES`] free. Views cost disk space (a copy of each file read whole, up to the
-//! capacity), which is why the cache is off unless asked for.
+//! build, and builds nothing that would leave the filesystem with less than the store's disk
+//! reserve free ([`reserve`]: 2 % of the disk, 1–10 GiB). Views cost disk space (a copy of each file read whole, up to the
+//! capacity), which is why the cache is off unless asked for. The store counts them too: a
+//! write that would cross the store's disk reserve drops views in the store's own `views/`
+//! first ([`crate::store::Store::make_room`]); a mount finds a dropped view gone and serves the
+//! file itself until it is built again.
 //!
 //! Trust: from its build on, a view (like a passed-through blob) is read by the kernel without
 //! the per-read checks of [`crate::io::BlobReader`]; a view whose size is not its file's is
@@ -39,11 +42,9 @@ use std::time::SystemTime;
 use crate::format::Sha256;
 use crate::io::ObjectSource;
 use crate::layout::Content;
-use crate::store::Capacity;
+use crate::store::retention::{reserve, shortfall};
+use crate::store::{Capacity, VIEWS_MARKER as MARKER};
 use crate::sync::lock;
-
-/// Free space a build must leave on the views' filesystem, in bytes (1 GiB).
-pub const RESERVE_BYTES: u64 = 1 << 30;
 
 /// Bytes a build reads and writes at once (8 MiB).
 const BUILD_BLOCK_BYTES: usize = 8 << 20;
@@ -358,10 +359,12 @@ impl Builder {
                 self.config.capacity_bytes
             )));
         }
-        let free = Capacity::of(&self.config.dir)?.available_bytes();
-        if free < size.saturating_add(RESERVE_BYTES) {
+        let capacity = Capacity::of(&self.config.dir)?;
+        if shortfall(&capacity, size) > 0 {
             return Err(io::Error::other(format!(
-                "{free} bytes free; a view must leave {RESERVE_BYTES}"
+                "{} bytes free; a view must leave the disk's reserve of {} bytes",
+                capacity.available_bytes(),
+                reserve(&capacity)
             )));
         }
         let temp = self.config.dir.join(format!(
@@ -431,10 +434,6 @@ fn write_view(
     file.set_permissions(fs::Permissions::from_mode(0o400))?;
     Ok(())
 }
-
-/// The file that marks a folder as views' (so an existing folder given by mistake, such as
-/// `/tmp`, is neither chmod-ed nor emptied by eviction).
-const MARKER: &str = ".tensorfs-views";
 
 /// Makes `dir` a views folder: a new one (mode 0700) or an empty one gets the marker; an
 /// existing one must hold it already. [`ViewCache::open`] does this; a command may do it first

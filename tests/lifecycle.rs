@@ -496,9 +496,14 @@ struct SmallDisk(PathBuf);
 
 impl SmallDisk {
     fn mount(at: &Path, mib: u64) -> SmallDisk {
+        SmallDisk::mount_with(at, &format!("size={mib}m"))
+    }
+
+    /// A tmpfs with `options` (`size=…`, `nr_inodes=…`).
+    fn mount_with(at: &Path, options: &str) -> SmallDisk {
         fs::create_dir_all(at).unwrap();
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
             .arg(at)
             .output()
             .unwrap();
@@ -515,6 +520,18 @@ impl Drop for SmallDisk {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
+}
+
+/// A store on a tmpfs of 1200 MiB (its reserve is the 1 GiB minimum) under `dir`; `None`, the
+/// test skipped, when not root.
+fn store_on_a_small_disk(dir: &Path) -> Option<(SmallDisk, PathBuf)> {
+    if unsafe { libc::geteuid() } != 0 {
+        skip::missing("root, to mount a small tmpfs for the store");
+        return None;
+    }
+    let disk = SmallDisk::mount(&dir.join("disk"), 1200);
+    let root = disk.0.join("store");
+    Some((disk, root))
 }
 
 /// A file of `count` U8 tensors of `mib` MiB each, seeded by `seed`.
@@ -536,13 +553,10 @@ fn weights_of(path: &Path, count: usize, mib: usize, seed: u8) {
 /// first evicts what only uses keep, then, with nothing left to evict, is refused whole.
 #[test]
 fn an_import_that_would_cross_the_reserve_evicts_cache_first_then_is_refused() {
-    if unsafe { libc::geteuid() } != 0 {
-        skip::missing("root, to mount a small tmpfs for the store");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let disk = SmallDisk::mount(&dir.path().join("disk"), 1200);
-    let root = disk.0.join("store");
+    let Some((_disk, root)) = store_on_a_small_disk(dir.path()) else {
+        return;
+    };
     // A cached model: 100 MiB that only its use keeps, last written two hours ago.
     let cached = dir.path().join("cached.safetensors");
     weights_of(&cached, 2, 50, 1);
@@ -695,29 +709,17 @@ fn gc_stops_on_a_local_commit_it_cannot_read_and_removes_nothing() {
     assert_eq!(blobs(&root), before, "nothing removed");
 }
 
-/// Unmounts `path` on drop.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// A disk with no block and no inode left: `tmp/gc/` cannot be made, yet the collection is
 /// what frees space, so it removes in place.
 #[test]
 fn gc_on_a_full_disk_frees_what_nothing_keeps() {
+    if unsafe { libc::geteuid() } != 0 {
+        skip::missing("root, to mount a small tmpfs for the store");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk");
-    fs::create_dir(&disk).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m,nr_inodes=64", "none"])
-        .arg(&disk)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mounting a tmpfs needs root");
-    let _unmount = Unmount(disk.clone());
+    let small = SmallDisk::mount_with(&dir.path().join("disk"), "size=4m,nr_inodes=64");
+    let disk = small.0.clone();
     let root = disk.join("store");
     let store = Store::open(&root).unwrap();
     // An object nothing names, past the grace.
@@ -742,5 +744,35 @@ fn gc_on_a_full_disk_frees_what_nothing_keeps() {
     let report = gc(&root, &["--grace", "1h"]);
     assert_eq!(report["removed"].as_array().unwrap().len(), 1, "{report}");
     assert!(!store.contains(&garbage));
+    ok(&root, &["verify"]);
+}
+
+/// Views in the store's `views/` are counted by `du` and dropped, before any cache, when a
+/// write would cross the reserve.
+#[test]
+fn views_are_counted_and_dropped_first_when_space_is_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_disk, root)) = store_on_a_small_disk(dir.path()) else {
+        return;
+    };
+    Store::open(&root).unwrap();
+    // A view of 100 MiB, as a mount with --view-cache leaves one.
+    let views = root.join("views");
+    fs::create_dir(&views).unwrap();
+    fs::write(views.join(".tensorfs-views"), b"").unwrap();
+    let view = views.join("ab".repeat(32));
+    fs::write(&view, vec![7u8; 100 << 20]).unwrap();
+    let du: serde_json::Value = serde_json::from_str(&ok(&root, &["du", "--json"])).unwrap();
+    assert_eq!(du["total"]["views"], 1, "{du}");
+    assert_eq!(du["total"]["views_bytes"], 100 << 20, "{du}");
+    // 150 MiB fits only once the view is gone (1200 − 100 − 150 < the 1 GiB reserve).
+    let fits = dir.path().join("fits.safetensors");
+    weights_of(&fits, 3, 50, 7);
+    ok(
+        &root,
+        &["import", fits.to_str().unwrap(), "--name", "local/fits"],
+    );
+    assert!(!view.exists(), "the view made room");
+    assert!(views.join(".tensorfs-views").exists());
     ok(&root, &["verify"]);
 }

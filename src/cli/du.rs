@@ -63,6 +63,9 @@ struct Totals {
     rooted: u64,
     cache: u64,
     dedup_ratio: f64,
+    /// The store's own views (copies of mounted files, `STORE/views`): how many, their bytes.
+    views: usize,
+    views_bytes: u64,
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
@@ -185,7 +188,10 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let named: u64 = by_repo.keys().map(stored).sum();
     let stored_total: u64 = present.values().sum();
     let rooted_bytes: u64 = rooted.iter().map(stored).sum();
+    let views = store.views()?;
     let totals = Totals {
+        views: views.len(),
+        views_bytes: views.iter().map(|(_, bytes, _)| bytes).sum(),
         repos: repos.len(),
         commits: closures.len(),
         logical: logical_total,
@@ -234,7 +240,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     println!(
         "total: {} repos, {} commits: {} logical in {} stored ({:.2}× dedup); {} rooted by \
          local/ repos, {} of other repos (cache, kept by uses), {} named by no repo (uses or holds \
-         may still keep it: `gc --dry-run` says what goes)",
+         may still keep it: `gc --dry-run` says what goes){}",
         totals.repos,
         totals.commits,
         human(totals.logical),
@@ -243,6 +249,14 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         human(totals.rooted),
         human(totals.cache),
         human(totals.unnamed),
+        match totals.views {
+            0 => String::new(),
+            n => format!(
+                "; and {} in {} (copies mounts read through, dropped first when space is short)",
+                human(totals.views_bytes),
+                super::count(n, "view")
+            ),
+        },
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -31,7 +31,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::refs::Lock;
 use super::{io_err, Capacity, Store, StoreError, StoreResult};
@@ -71,7 +71,12 @@ impl Store {
     pub fn make_room(&self, incoming: u64) -> StoreResult<()> {
         let capacity =
             |store: &Store| Capacity::of(&store.root).map_err(io_err("statvfs", &store.root));
-        if shortfall(&capacity(self)?, incoming) == 0 {
+        let short = shortfall(&capacity(self)?, incoming);
+        if short == 0 {
+            return Ok(());
+        }
+        // Views are copies the mount makes again: they go before any cache.
+        if self.drop_views(short)? >= short {
             return Ok(());
         }
         self.collect(&Collect {
@@ -88,6 +93,57 @@ impl Store {
             available: now.available_bytes(),
             path: self.root.clone(),
         })
+    }
+}
+
+impl Store {
+    /// The store's own views (`views/<digest>`, see [`crate::views`]): each view's digest,
+    /// bytes and mtime; none when the folder is absent or not a views folder.
+    ///
+    /// # Errors
+    /// The folder cannot be listed.
+    pub fn views(&self) -> StoreResult<Vec<(Sha256, u64, SystemTime)>> {
+        let dir = self.root.join("views");
+        if !dir.join(super::VIEWS_MARKER).exists() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
+            let entry = entry.map_err(io_err("list", &dir))?;
+            let Some(name) = digest_name(&entry.file_name()) else {
+                continue;
+            };
+            if let Ok(meta) = entry.metadata() {
+                if meta.is_file() {
+                    out.push((name, meta.len(), meta.modified().unwrap_or(UNIX_EPOCH)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes the store's views, oldest built first, until `need` bytes are freed; returns the
+    /// bytes freed. A view open in a mount keeps its bytes until closed; the mount serves the
+    /// file itself from then on, until it builds the view again.
+    fn drop_views(&self, need: u64) -> StoreResult<u64> {
+        let mut views = self.views()?;
+        views.sort_by_key(|(name, _, mtime)| (*mtime, *name));
+        let mut freed = 0;
+        for (name, bytes, _) in views {
+            if freed >= need {
+                break;
+            }
+            let path = self.root.join("views").join(name.hex());
+            match fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!("dropped view {} ({bytes} bytes) for room", path.display());
+                    freed += bytes;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove", &path)(e)),
+            }
+        }
+        Ok(freed)
     }
 }
 
