@@ -359,11 +359,12 @@ fn read_uncached(file: &std::fs::File) -> Vec<u8> {
 
 #[test]
 fn a_lazy_mount_reading_three_times_its_cache_budget_stays_within_it() {
-    // a: four chunks of 16 MiB; b: one of 4 MiB. The budget holds two of a's chunks (what
-    // one read across a boundary needs) beside b, not a whole.
+    // a: four chunks of 16 MiB; b: one of 4 MiB. The budget holds three of a's chunks (what
+    // the kernel's reads in flight, 16 MiB of them, may touch at once, with the next one
+    // fetched) beside b, not a whole.
     let origin = Origin::start("budget", 8, Size::Wide);
     let local = origin.local_store("local");
-    let budget: u64 = 40 << 20;
+    let budget: u64 = 56 << 20;
     let m = mount_with(&local, |config| {
         let mut remote = LazyConfig::new(&origin.proxy.url);
         remote.cache_size = Some(budget);
@@ -394,7 +395,7 @@ fn a_lazy_mount_reading_three_times_its_cache_budget_stays_within_it() {
         "evicted, then fetched again"
     );
     drop(file);
-    for path in [&b, &a, &b] {
+    for path in [&b, &a, &a, &b] {
         let name = path.file_name().unwrap().to_str().unwrap();
         let bytes = read_uncached(&std::fs::File::open(path).unwrap());
         assert!(bytes == origin.files[name], "{name} reads right");
@@ -406,7 +407,7 @@ fn a_lazy_mount_reading_three_times_its_cache_budget_stays_within_it() {
     let cache = &status["cache"];
     assert_eq!(cache["budget_bytes"], budget, "{status}");
     let counted = cache["peak_bytes"].as_u64().unwrap();
-    assert!(counted <= budget, "{status}");
+    assert!(counted <= budget, "{status}\n{}", fuse_support::logs());
     assert!(cache["evicted"].as_u64().unwrap() > 0, "{status}");
     assert!(status["fetch"]["objects"].as_u64().unwrap() > 5, "{status}");
     assert_eq!(status["read_errors"], 0, "{status}");
@@ -431,6 +432,14 @@ fn a_lazy_mount_reading_three_times_its_cache_budget_stays_within_it() {
     );
     m.unmount();
     store_is_clean(&local);
+    // A cached model partly evicted is noted by verify, not failed: what is there is intact.
+    let out = common::run(local.root(), &["verify"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("partial:") && said.contains("tensorfs download acme/budget"),
+        "{said}"
+    );
     // What stayed reads offline.
     let offline = mount(&local);
     let b = origin.mounted(&offline.root, "b.safetensors");

@@ -58,6 +58,8 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let mut users: BTreeMap<Sha256, BTreeSet<String>> = BTreeMap::new();
     let mut wanted: BTreeSet<ObjectRef> = BTreeSet::new();
     let mut incomplete: Vec<String> = Vec::new();
+    // Cached models (outside local/) fetched as read, or partly evicted: noted, not failed.
+    let mut partial: Vec<String> = Vec::new();
     // Something at the blob's path, whole or not: what is there is hashed (and found damaged
     // when it is not the object); only what is not there at all is missing.
     let present = |o: &ObjectRef| std::fs::symlink_metadata(store.object_path(o)).is_ok();
@@ -76,7 +78,15 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
                     None => owner.clone(),
                 };
                 let missing: Vec<&ObjectRef> = objects.iter().filter(|o| !present(o)).collect();
-                if !missing.is_empty() {
+                let cached = repo.as_deref().is_some_and(|r| !crate::remote::is_local(r));
+                if !missing.is_empty() && cached {
+                    partial.push(format!(
+                        "{label}: {} not here (a cached model: a lazy mount fetches what is \
+                         read, and a cache budget evicts; `tensorfs download {}` completes it)",
+                        count(missing.len(), "object"),
+                        repo.as_deref().unwrap_or_default()
+                    ));
+                } else if !missing.is_empty() {
                     incomplete.push(format!(
                         "{label} lacks {} (first: {})",
                         count(missing.len(), "object"),
@@ -124,6 +134,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         ));
     }
     problems.extend(incomplete);
+    for p in &partial {
+        eprintln!("tensorfs: partial: {p}");
+    }
     if problems.is_empty() {
         let distinct: BTreeSet<&ObjectRef> = commits.iter().map(|(_, id)| id).collect();
         let bytes: u64 = blobs.iter().map(|o| o.length).sum();

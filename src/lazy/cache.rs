@@ -31,6 +31,10 @@ use crate::store::{Capacity, Store, StoreError};
 use crate::sync::lock;
 use tokio::sync::{RwLock, RwLockReadGuard};
 
+/// How often, and how far apart, an eviction asks again for the store's fence.
+const FENCE_RETRIES: u32 = 50;
+const FENCE_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Why a transfer gets no room.
 #[derive(Debug, thiserror::Error)]
 pub enum NoRoom {
@@ -246,16 +250,28 @@ impl Cache {
         if need == 0 {
             return Ok(());
         }
-        let evicted = self.store.evict(&Evict {
-            need,
-            last_read: &|d| read.get(d).copied(),
-            // Pinned now, not at the snapshot: a read that started since keeps its objects.
-            keep: &|d| lock(&self.state).pinned.contains_key(d),
-            written: &|d| written.get(d).copied(),
-            release: &*self.release,
-            grace: GRACE,
-            now: SystemTime::now(),
-        })?;
+        let evict = || {
+            self.store.evict(&Evict {
+                need,
+                last_read: &|d| read.get(d).copied(),
+                // Pinned now, not at the snapshot: a read that started since keeps its objects.
+                keep: &|d| lock(&self.state).pinned.contains_key(d),
+                written: &|d| written.get(d).copied(),
+                release: &*self.release,
+                grace: GRACE,
+                now: SystemTime::now(),
+            })
+        };
+        // A writer holds the fence for a moment (an open's hold, a use recorded): asked again,
+        // for a second at most, before going over the budget.
+        let mut evicted = evict()?;
+        for _ in 0..FENCE_RETRIES {
+            if !evicted.skipped {
+                break;
+            }
+            std::thread::sleep(FENCE_RETRY_WAIT);
+            evicted = evict()?;
+        }
         if !evicted.skipped {
             let mut state = lock(&self.state);
             state.used = evicted.cache_bytes - evicted.removed_bytes;
