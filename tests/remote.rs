@@ -735,6 +735,30 @@ fn download_keeps_the_cache_within_its_budget_evicting_the_least_recently_used_m
     );
     assert_eq!(stored_bytes(&local), tiny_bytes, "nothing fetched");
 
+    // A budget that would need the young model's space: refused, and its use stays.
+    let young = dir.path().join("young");
+    succeeded(&download(
+        &young,
+        &["acme/tiny@1.0", "--endpoint", &server.url],
+        &[],
+    ));
+    let uses = |root: &Path| fs::read_dir(root.join("uses")).unwrap().count();
+    let before = uses(&young);
+    let young_budget = (tiny_bytes + tiny_bytes / 2).to_string();
+    let out = download(
+        &young,
+        &[
+            &big_id,
+            "--endpoint",
+            &server.url,
+            "--cache-size",
+            &young_budget,
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert_eq!(uses(&young), before, "a refused download drops no use");
+
     // A budget that holds the new model but not both: the older model goes, whole.
     let big_bytes = Store::open_existing(&origin)
         .unwrap()

@@ -280,13 +280,21 @@ fn within_budget(
         cache_budget: Some(budget),
         ..Collect::default()
     };
-    // A writer or another collection holds the fence for a moment: asked again.
-    let mut report = store.collect(&collect)?;
+    // Dry first: a download refused must drop no use. A writer or another collection holds
+    // the fence for a moment: asked again.
+    let dry = Collect {
+        dry_run: true,
+        ..collect.clone()
+    };
+    let mut report = store.collect(&dry)?;
     for _ in 0..50 {
         if !report.skipped {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
+        report = store.collect(&dry)?;
+    }
+    if !report.skipped && report.cache_bytes + incoming <= budget {
         report = store.collect(&collect)?;
     }
     if report.skipped {
