@@ -735,16 +735,37 @@ fn download_keeps_the_cache_within_its_budget_evicting_the_least_recently_used_m
     );
     assert_eq!(stored_bytes(&local), tiny_bytes, "nothing fetched");
 
-    // A budget that would need the young model's space: refused, and its use stays.
+    let big_bytes = Store::open_existing(&origin)
+        .unwrap()
+        .commit(&big)
+        .unwrap()
+        .closure()
+        .iter()
+        .map(|o| o.length)
+        .sum::<u64>();
+    // The same budget where the model it would evict is young: refused after the collection
+    // looked, and its use stays.
     let young = dir.path().join("young");
     succeeded(&download(
         &young,
         &["acme/tiny@1.0", "--endpoint", &server.url],
         &[],
     ));
-    let uses = |root: &Path| fs::read_dir(root.join("uses")).unwrap().count();
+    // Use records, not the collector's `.swept` mark.
+    let uses = |root: &Path| {
+        fs::read_dir(root.join("uses"))
+            .unwrap()
+            .filter(|e| {
+                !e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with('.')
+            })
+            .count()
+    };
     let before = uses(&young);
-    let young_budget = (tiny_bytes + tiny_bytes / 2).to_string();
+    let young_budget = (big_bytes + tiny_bytes / 2).to_string();
     let out = download(
         &young,
         &[
@@ -760,14 +781,6 @@ fn download_keeps_the_cache_within_its_budget_evicting_the_least_recently_used_m
     assert_eq!(uses(&young), before, "a refused download drops no use");
 
     // A budget that holds the new model but not both: the older model goes, whole.
-    let big_bytes = Store::open_existing(&origin)
-        .unwrap()
-        .commit(&big)
-        .unwrap()
-        .closure()
-        .iter()
-        .map(|o| o.length)
-        .sum::<u64>();
     let budget = big_bytes + tiny_bytes / 2;
     let budget_arg = budget.to_string();
     succeeded(&download(

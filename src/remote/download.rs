@@ -43,8 +43,9 @@ pub struct DownloadConfig {
     /// Objects fetched at once (default 8).
     pub jobs: usize,
     /// The most bytes the store's cache (what no `local/` repo keeps) may hold once the
-    /// commit is in, least recently used objects evicted first ([`Store::evict`]); `None`
-    /// (the default): what the disk holds above its reserve.
+    /// commit is in: a collection drops the least recently used uses (whole models) first
+    /// ([`Collect::cache_budget`]), and a commit that still does not fit is refused before
+    /// anything is fetched; `None` (the default): what the disk holds above its reserve.
     pub cache_size: Option<u64>,
 }
 
