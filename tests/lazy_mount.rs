@@ -445,3 +445,43 @@ fn a_lazy_mount_reading_three_times_its_cache_budget_stays_within_it() {
     let b = origin.mounted(&offline.root, "b.safetensors");
     assert!(std::fs::read(&b).unwrap() == origin.files["b.safetensors"]);
 }
+
+#[test]
+fn a_mount_started_over_its_cache_budget_brings_the_cache_within_it() {
+    // a: one chunk of 2 MiB, b: one of 1 MiB; both fetched by a mount without a budget, then
+    // left past the grace.
+    let origin = Origin::start("trim", 9, Size::Small);
+    let local = origin.local_store("local");
+    let m = lazy_mount(&local, &origin.proxy.url, Duration::from_secs(10));
+    for name in ["a.safetensors", "b.safetensors"] {
+        let read = std::fs::read(origin.mounted(&m.root, name)).unwrap();
+        assert!(read == origin.files[name], "{name} reads right");
+    }
+    m.unmount();
+    let before = walkdir(&local.root().join("blobs"));
+    assert!(before > 3 << 20, "both fetched: {before} bytes");
+    common::age(&local.root().join("blobs"), Duration::from_secs(7200));
+    common::age(&local.root().join("uses"), Duration::from_secs(7200));
+
+    // A mount with a budget of half the cache evicts at its start, before any read.
+    let budget = before / 2;
+    let m = mount_with(&local, |config| {
+        let mut remote = LazyConfig::new(&origin.proxy.url);
+        remote.cache_size = Some(budget);
+        config.remote = Some(remote);
+    });
+    let stored = walkdir(&local.root().join("blobs"));
+    let status = fuse_support::status(&m.root);
+    assert!(
+        stored <= budget,
+        "{stored} bytes stored over a budget of {budget}: {status}"
+    );
+    assert!(status["cache"]["evicted"].as_u64().unwrap() > 0, "{status}");
+    // What went is fetched again when read.
+    for name in ["a.safetensors", "b.safetensors"] {
+        let read = std::fs::read(origin.mounted(&m.root, name)).unwrap();
+        assert!(read == origin.files[name], "{name} reads right again");
+    }
+    m.unmount();
+    store_is_clean(&local);
+}

@@ -690,7 +690,7 @@ fn stored_bytes(root: &Path) -> u64 {
 #[test]
 fn download_keeps_the_cache_within_its_budget_evicting_the_least_recently_used_model() {
     let dir = tempfile::tempdir().unwrap();
-    let (origin, _) = published_store(dir.path());
+    let (origin, tiny) = published_store(dir.path());
     // A second model of other bytes, published as acme/big.
     let weights = dir.path().join("big.safetensors");
     let tensor = T(
@@ -780,20 +780,44 @@ fn download_keeps_the_cache_within_its_budget_evicting_the_least_recently_used_m
     assert!(!out.status.success());
     assert_eq!(uses(&young), before, "a refused download drops no use");
 
-    // A budget that holds the new model but not both: the older model goes, whole.
+    // A budget that holds the new model but not both, while another process (this test) holds
+    // the older model, as a mount's open file does: refused, for held cache counts too.
     let budget = big_bytes + tiny_bytes / 2;
     let budget_arg = budget.to_string();
-    succeeded(&download(
-        &local,
-        &[
-            &big_id,
+    let held = Store::open_existing(&local).unwrap();
+    let hold = held.hold(&held.commit(&tiny).unwrap().closure()).unwrap();
+    // Both with --json: its report on success, and errors on stderr as without it.
+    let within_budget = || {
+        let args = [
+            big_id.as_str(),
             "--endpoint",
             &server.url,
             "--cache-size",
             &budget_arg,
-        ],
-        &[],
-    ));
+            "--json",
+        ];
+        download(&local, &args, &[])
+    };
+    let out = within_budget();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("held by a running process"), "{said}");
+    assert_eq!(stored_bytes(&local), tiny_bytes, "nothing fetched");
+    drop(hold);
+
+    // Released, the older model goes, whole, and the report says so.
+    let said = succeeded(&within_budget());
+    let report: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let evicted = report["evicted"].as_array().expect("evicted listed");
+    assert_eq!(evicted.len(), 1, "{report}");
+    assert!(
+        evicted[0]
+            .as_str()
+            .unwrap()
+            .starts_with("acme/tiny@sha256:"),
+        "{report}"
+    );
+    assert!(report["evicted_bytes"].as_u64().unwrap() > 0, "{report}");
     let after = stored_bytes(&local);
     assert!(
         after <= budget,

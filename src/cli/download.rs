@@ -163,6 +163,13 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
                 report.objects,
                 human(report.fetched_bytes)
             );
+            if !report.evicted.is_empty() {
+                println!(
+                    "evicted to stay within the cache's budget ({}): {}",
+                    human(report.evicted_bytes),
+                    report.evicted.join(", ")
+                );
+            }
         }
         Ok(ExitCode::SUCCESS)
     })

@@ -1,7 +1,8 @@
 //! [`Cache`]: what a lazy mount fetched, kept within its budget and above the disk's reserve.
 //!
-//! The budget counts the store's whole cache (every object no root keeps, see
-//! [`crate::store::retention`]), whoever fetched it, so `du` and the budget agree. A transfer
+//! The budget counts the store's whole cache (every object no durable root keeps, what other
+//! mounts hold open included, see [`crate::store::retention`]), whoever fetched it, so `du`
+//! and the budget agree. A transfer
 //! counts its bytes against the budget and the disk's reserve before it lands. One that does
 //! not fit, if it is a reader's, waits until this mount's other transfers have landed, then
 //! evicts cache objects least recently read first ([`Store::evict`]: this mount's reads rank
@@ -26,14 +27,14 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use crate::format::{ObjectRef, Sha256};
-use crate::store::retention::{shortfall, Evict, GRACE};
+use crate::store::retention::{patiently, shortfall, Evict, GRACE};
 use crate::store::{Capacity, Store, StoreError};
 use crate::sync::lock;
 use tokio::sync::{RwLock, RwLockReadGuard};
 
-/// How often, and how far apart, an eviction asks again for the store's fence.
-const FENCE_RETRIES: u32 = 50;
-const FENCE_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// How long an eviction asks again for the store's fence before the reader's fetch goes over
+/// the budget: a reader waits on it.
+const FENCE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why a transfer gets no room.
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +120,7 @@ impl Cache {
         release: Box<dyn Fn(&Sha256) + Send + Sync>,
     ) -> Result<Cache, StoreError> {
         let used = store.cache_objects()?.iter().map(|c| c.object.length).sum();
-        Ok(Cache {
+        let cache = Cache {
             store,
             budget,
             release,
@@ -131,7 +132,13 @@ impl Cache {
             gate: RwLock::default(),
             evicted: AtomicU64::new(0),
             evicted_bytes: AtomicU64::new(0),
-        })
+        };
+        // A store left over the budget (a smaller budget than the last mount's, downloads
+        // since) is brought within it now, not only at the first fetch.
+        if let Some(over) = budget.and_then(|b| used.checked_sub(b)).filter(|o| *o > 0) {
+            cache.evict(over)?;
+        }
+        Ok(cache)
     }
 
     /// What the cache holds and did.
@@ -237,19 +244,25 @@ impl Cache {
     /// the gate's exclusive side held.
     fn make_room(&self, length: u64) -> Result<(), StoreError> {
         let capacity = self.capacity()?;
-        let (read, written, need) = {
+        let need = {
             let state = lock(&self.state);
             let (budget, disk) = self.need(&state, &capacity, length);
             let slack = if budget > 0 { length } else { 0 };
-            (
-                state.read.clone(),
-                state.written.clone(),
-                (budget + slack).max(disk),
-            )
+            (budget + slack).max(disk)
         };
-        if need == 0 {
-            return Ok(());
+        if need > 0 {
+            self.evict(need)?;
         }
+        // The disk's reserve is the store's rule: its collection, then "no space".
+        self.store.make_room(length)
+    }
+
+    /// Evicts `need` bytes of cache objects, least recently read first, or what may go of them.
+    fn evict(&self, need: u64) -> Result<(), StoreError> {
+        let (read, written) = {
+            let state = lock(&self.state);
+            (state.read.clone(), state.written.clone())
+        };
         let evict = || {
             self.store.evict(&Evict {
                 need,
@@ -262,16 +275,7 @@ impl Cache {
                 now: SystemTime::now(),
             })
         };
-        // A writer holds the fence for a moment (an open's hold, a use recorded): asked again,
-        // for a second at most, before going over the budget.
-        let mut evicted = evict()?;
-        for _ in 0..FENCE_RETRIES {
-            if !evicted.skipped {
-                break;
-            }
-            std::thread::sleep(FENCE_RETRY_WAIT);
-            evicted = evict()?;
-        }
+        let evicted = patiently(FENCE_PATIENCE, evict)?;
         if !evicted.skipped {
             let mut state = lock(&self.state);
             state.used = evicted.cache_bytes - evicted.removed_bytes;
@@ -292,8 +296,7 @@ impl Cache {
                 );
             }
         }
-        // The disk's reserve is the store's rule: its collection, then "no space".
-        self.store.make_room(length)
+        Ok(())
     }
 }
 

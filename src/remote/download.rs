@@ -23,7 +23,7 @@ use super::origin::FetchError;
 use super::origin::Origin;
 use super::{is_local, Resolved, WireRef};
 use crate::format::{FormatError, Header, ObjectRef, Repo, Sha256, Tree};
-use crate::store::retention::{Collect, Hold, GRACE};
+use crate::store::retention::{patiently, Collect, Collected, Hold, GRACE};
 use crate::store::{Store, StoreError};
 
 /// Which revision of the model to download.
@@ -89,6 +89,11 @@ pub struct DownloadReport {
     pub fetched: usize,
     /// Bytes fetched.
     pub fetched_bytes: u64,
+    /// Commits taken out of their repos to stay within `--cache-size`, whole models whose
+    /// objects went (`ORG/NAME@sha256:<hex>`).
+    pub evicted: Vec<String>,
+    /// Bytes the collection that evicted them removed.
+    pub evicted_bytes: u64,
 }
 
 /// Why a download failed.
@@ -202,11 +207,14 @@ pub async fn download(
     // and nothing of this download is in the store yet but documents younger than its grace.
     drop(fence);
     let incoming = leaf_bytes + (tree_bytes.len() + header_bytes.len()) as u64;
-    let _reused = match config.cache_size {
-        Some(budget) => Some(tokio::task::block_in_place(|| {
-            within_budget(store, name, &commit, &closure, incoming, budget)
-        })?),
-        None => None,
+    let (_reused, evicted, evicted_bytes) = match config.cache_size {
+        Some(budget) => {
+            let (hold, collected) = tokio::task::block_in_place(|| {
+                within_budget(store, name, &commit, &closure, incoming, budget)
+            })?;
+            (Some(hold), collected.evicted, collected.removed_bytes)
+        }
+        None => (None, Vec::new(), 0),
     };
     tokio::task::block_in_place(|| store.make_room(incoming))?;
     let _fence = store.fence()?;
@@ -246,13 +254,19 @@ pub async fn download(
                 .filter(|(_, here)| !here)
                 .map(|(length, _)| length)
                 .sum::<u64>(),
+        evicted,
+        evicted_bytes,
     })
 }
+
+/// How long a download's collection asks again for the fence another process holds.
+const FENCE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Makes the store's cache hold at most `budget` bytes once `incoming` more are in: a
 /// collection drops the least recently used uses first (whole models: their commits leave
 /// their repos). Returns the hold that keeps the closure's objects already here, so the
-/// collection neither takes them for this download nor sweeps them before the commit is named.
+/// collection neither takes them for this download nor sweeps them before the commit is named,
+/// and the collection's report.
 ///
 /// # Errors
 /// [`DownloadError::Budget`] when `incoming` alone is over the budget, or what the cache must
@@ -264,7 +278,7 @@ fn within_budget(
     closure: &BTreeSet<ObjectRef>,
     incoming: u64,
     budget: u64,
-) -> DownloadResult<Hold> {
+) -> DownloadResult<(Hold, Collected)> {
     let human = |n: u64| indicatif::BinaryBytes(n).to_string();
     let what = format!("{name}@{}", commit.id());
     if incoming > budget {
@@ -287,16 +301,9 @@ fn within_budget(
         dry_run: true,
         ..collect.clone()
     };
-    let mut report = store.collect(&dry)?;
-    for _ in 0..50 {
-        if !report.skipped {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        report = store.collect(&dry)?;
-    }
+    let mut report = patiently(FENCE_PATIENCE, || store.collect(&dry))?;
     if !report.skipped && report.cache_bytes + incoming <= budget {
-        report = store.collect(&collect)?;
+        report = patiently(FENCE_PATIENCE, || store.collect(&collect))?;
     }
     if report.skipped {
         return Err(DownloadError::Budget(format!(
@@ -316,13 +323,7 @@ fn within_budget(
             GRACE.as_secs() / 60
         )));
     }
-    if !report.evicted.is_empty() {
-        tracing::info!(
-            "evicted to stay within the cache's budget: {}",
-            report.evicted.join(", ")
-        );
-    }
-    Ok(hold)
+    Ok((hold, report))
 }
 
 /// A document from the store when it is here, else from the endpoint (verified either way).

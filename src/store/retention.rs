@@ -55,6 +55,46 @@ pub fn reserve(capacity: &Capacity) -> u64 {
     (total / 50).clamp(1 << 30, 10 << 30)
 }
 
+/// What a run under the collector's fence reports: whether it did nothing because another
+/// collection or a writer held the fence.
+pub trait Fenced {
+    /// The fence was held: nothing was done.
+    fn skipped(&self) -> bool;
+}
+
+impl Fenced for Collected {
+    fn skipped(&self) -> bool {
+        self.skipped
+    }
+}
+
+impl Fenced for Evicted {
+    fn skipped(&self) -> bool {
+        self.skipped
+    }
+}
+
+/// Runs `attempt` (a collection or an eviction) again, 20 ms apart, while it skips for the
+/// fence, for `patience` at most: writers hold the fence for a moment (an open's hold, a use
+/// recorded). Returns the last report, still skipped when the fence stayed held.
+///
+/// # Errors
+/// The first error of an attempt.
+pub fn patiently<T: Fenced>(
+    patience: Duration,
+    mut attempt: impl FnMut() -> StoreResult<T>,
+) -> StoreResult<T> {
+    const STEP: Duration = Duration::from_millis(20);
+    let start = std::time::Instant::now();
+    loop {
+        let report = attempt()?;
+        if !report.skipped() || start.elapsed() + STEP > patience {
+            return Ok(report);
+        }
+        std::thread::sleep(STEP);
+    }
+}
+
 /// How many bytes must be freed before `incoming` more fit above the reserve (0: they fit).
 pub fn shortfall(capacity: &Capacity, incoming: u64) -> u64 {
     (reserve(capacity) + incoming.max(1)).saturating_sub(capacity.available_bytes())
@@ -391,6 +431,19 @@ impl Store {
         }
         let roots = self.roots(options.dry_run, true, &mut report)?;
         let mut uses = self.uses()?;
+        let named: HashSet<Sha256> = uses
+            .iter()
+            .flat_map(|u| u.keeps.iter().chain(std::iter::once(&u.name)))
+            .copied()
+            .collect();
+        // Held cache counts against a budget too: it cannot go now, but it is cache.
+        let objects = self.objects_on_disk()?;
+        let cache_bytes: u64 = objects
+            .iter()
+            .filter(|(o, _)| roots.is_cache(&o.sha256, |d| named.contains(d)))
+            .map(|(o, _)| o.length)
+            .sum();
+        let Roots { all: roots, .. } = roots;
         // A use a root names counts as used now.
         for u in uses.iter_mut().filter(|u| roots.contains(&u.name)) {
             u.mtime = options.now;
@@ -398,7 +451,6 @@ impl Store {
                 touch(&u.path)?;
             }
         }
-        let objects = self.objects_on_disk()?;
         let mut dropper = Dropper::new(&objects, &roots, &uses, cutoff);
         dropper.drop_uses(
             &mut uses,
@@ -416,11 +468,6 @@ impl Store {
                 }
             }
         }
-        let cache_bytes: u64 = objects
-            .iter()
-            .filter(|(o, _)| !roots.contains(&o.sha256))
-            .map(|(o, _)| o.length)
-            .sum();
         if let Some(budget) = options.cache_budget {
             let need = (cache_bytes + options.incoming).saturating_sub(budget);
             if need > 0 {
@@ -510,13 +557,8 @@ impl Store {
 
     /// Every root digest; removes dead holds and stale `files/` records unless `dry_run`. With
     /// `own_holds` false, this process's holds (`holds/<pid>-*`) root nothing.
-    fn roots(
-        &self,
-        dry_run: bool,
-        own_holds: bool,
-        report: &mut Collected,
-    ) -> StoreResult<HashSet<Sha256>> {
-        let mut roots = HashSet::new();
+    fn roots(&self, dry_run: bool, own_holds: bool, report: &mut Collected) -> StoreResult<Roots> {
+        let mut roots = Roots::default();
         let holds = self.root.join("holds");
         let own = format!("{}-", std::process::id());
         for entry in fs::read_dir(&holds).map_err(io_err("list", &holds))? {
@@ -541,7 +583,7 @@ impl Store {
                 }
                 Err(fs::TryLockError::WouldBlock) => {
                     report.live_holds += 1;
-                    roots.extend(read_digests(&path)?.unwrap_or_default());
+                    roots.held.extend(read_digests(&path)?.unwrap_or_default());
                 }
                 Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", &path)(e)),
             }
@@ -551,7 +593,7 @@ impl Store {
             let entry = entry.map_err(io_err("list", &files))?;
             let path = entry.path();
             match self.file_record(&path)? {
-                FileRecord::Live(digests) => roots.extend(digests),
+                FileRecord::Live(digests) => roots.durable.extend(digests),
                 FileRecord::Stale => {
                     report.stale_records += 1;
                     if !dry_run {
@@ -575,9 +617,12 @@ impl Store {
                         commit.id()
                     ))
                 })?;
-                roots.extend(closure.closure().iter().map(|o| o.sha256));
+                roots
+                    .durable
+                    .extend(closure.closure().iter().map(|o| o.sha256));
             }
         }
+        roots.all = roots.durable.union(&roots.held).copied().collect();
         Ok(roots)
     }
 
@@ -930,6 +975,26 @@ enum Swept {
     Removed,
     Busy,
     Young,
+}
+
+/// What the roots keep, by kind.
+#[derive(Default)]
+struct Roots {
+    /// Kept for good: `local/` closures and live `files/` records.
+    durable: HashSet<Sha256>,
+    /// Kept while a live process holds them.
+    held: HashSet<Sha256>,
+    /// Both.
+    all: HashSet<Sha256>,
+}
+
+impl Roots {
+    /// Whether `object` is cache: no durable root keeps it, and a hold keeps it only as part
+    /// of what a use names (a cached model a mount has open), not as a write in flight (an
+    /// import's objects before its commit is named). `named` tells whether a use names it.
+    fn is_cache(&self, object: &Sha256, named: impl Fn(&Sha256) -> bool) -> bool {
+        !self.durable.contains(object) && (!self.held.contains(object) || named(object))
+    }
 }
 
 /// Drops uses as the reference does: least recently used first (then by name), counting what

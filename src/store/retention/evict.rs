@@ -2,11 +2,14 @@
 //! objects (a lazy mount, `download`) keeps them within a byte budget, or above the disk's
 //! reserve, without waiting for their uses to expire.
 //!
-//! The **cache** is every object on disk that no root keeps (see the module above): no `local/`
-//! repo's closure, no live `files/` record, no hold of another process. The evicting
-//! process's own holds do not count: they are its open files (a lazy mount's), and it fetches
-//! again what it evicted from them. (`download` keeps a budget with [`Collect::cache_budget`]
-//! instead, dropping whole uses, since what it downloads must stay whole.)
+//! The **cache** is every object on disk that no durable root keeps (see the module above): no
+//! `local/` repo's closure, no live `files/` record. An object another process holds is cache
+//! when a use names it (a cached model another mount has open: it counts against a budget but
+//! cannot go now) and not cache when no use does (an import's objects before its commit is
+//! named: a write in flight). The evicting process's own holds do not count: they are its open
+//! files (a lazy mount's), and it fetches again what it evicted from them. (`download` keeps a
+//! budget with [`Collect::cache_budget`] instead, dropping whole uses, since what it downloads
+//! must stay whole; it counts held cache the same way.)
 //!
 //! What may go: any cache object older than the grace, and a younger one the evicting process
 //! wrote itself whose mtime is still the one it had when it landed (no other writer has reused
@@ -36,6 +39,8 @@ pub struct CacheObject {
     pub last_use: Option<SystemTime>,
     /// A commit's tree or that tree's header, which a mount needs to list the commit.
     pub document: bool,
+    /// Another process holds it: it counts as cache but cannot go now.
+    pub held: bool,
 }
 
 /// Settings of [`Store::evict`].
@@ -74,8 +79,8 @@ pub struct Evicted {
 
 impl Store {
     /// The cache as a process evicting from its own holds sees it: every object on disk no
-    /// root keeps, this process's holds not counted as roots (see the module doc). Reads the
-    /// records; changes nothing.
+    /// durable root keeps and no other process holds as a write in flight, this process's
+    /// holds not counted (see the module doc). Reads the records; changes nothing.
     ///
     /// # Errors
     /// As [`Store::collect`]'s reading of the records.
@@ -86,6 +91,7 @@ impl Store {
         let objects = self.objects_on_disk()?;
         let by_digest: HashMap<Sha256, ObjectRef> =
             objects.iter().map(|(o, _)| (o.sha256, *o)).collect();
+        // Every digest a use names, with the latest of those uses' last use.
         let mut last_use: HashMap<Sha256, SystemTime> = HashMap::new();
         let mut documents: HashSet<Sha256> = HashSet::new();
         for u in &uses {
@@ -101,12 +107,13 @@ impl Store {
         }
         Ok(objects
             .into_iter()
-            .filter(|(o, _)| !roots.contains(&o.sha256))
+            .filter(|(o, _)| roots.is_cache(&o.sha256, |d| last_use.contains_key(d)))
             .map(|(object, mtime)| CacheObject {
                 object,
                 mtime,
                 last_use: last_use.get(&object.sha256).copied(),
                 document: documents.contains(&object.sha256),
+                held: roots.held.contains(&object.sha256),
             })
             .collect())
     }
@@ -128,7 +135,7 @@ impl Store {
         report.cache_bytes = cache.iter().map(|c| c.object.length).sum();
         let mut candidates: Vec<(SystemTime, &CacheObject, Option<SystemTime>)> = cache
             .iter()
-            .filter(|c| !c.document)
+            .filter(|c| !c.document && !c.held)
             .filter_map(|c| {
                 let written = (options.written)(&c.object.sha256).filter(|w| *w == c.mtime);
                 if c.mtime >= cutoff && written.is_none() {
