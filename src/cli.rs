@@ -196,6 +196,7 @@ pub fn main() -> ExitCode {
         Command::Download(args) => download::run(&cli, args),
         Command::Upload(args) => upload::run(&cli, args),
     };
+    crate::store::release_writer_locks();
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -36,7 +36,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use objects::{hash_file, ObjectWriter, Staged};
+pub use objects::{hash_file, release_writer_locks, ObjectWriter, Staged};
 pub use refs::ref_key;
 
 use crate::format::{FormatError, Header, ObjectRef, Tree};
@@ -226,22 +226,34 @@ impl Store {
 
     /// Removes the store when it holds nothing but its empty layout and format record (what
     /// [`Store::open`] made of an absent or empty folder): a command that created the store and
-    /// then failed leaves no store behind. A store holding any other file (a blob, a ref, an
-    /// object another process is staging, the ledger) is kept. Returns whether it was removed.
+    /// then failed leaves no store behind. The collector's fence (`holds/gc.lock`, made by
+    /// the first write) counts as nothing while it is empty and no process holds it. A store
+    /// holding any other file (a blob, a ref, an object another process is staging, the ledger)
+    /// is kept. Returns whether it was removed.
     ///
     /// # Errors
     /// The store cannot be listed or removed.
     pub fn remove_if_unused(self) -> StoreResult<bool> {
-        // This process's own writer lock (taken to write the format record) is no content.
+        // No content: this process's own writer lock (taken to write the format record), and
+        // the collector's fence while empty and unlocked (nobody writes or collects).
         let own_lock = objects::own_lock_name();
-        fn holds_files(dir: &Path, own_lock: &str) -> StoreResult<bool> {
+        let no_content = |path: &Path| {
+            let name = path.file_name().unwrap_or_default();
+            if name == &*own_lock {
+                return true;
+            }
+            name == "gc.lock"
+                && File::open(path)
+                    .is_ok_and(|f| f.metadata().is_ok_and(|m| m.len() == 0) && f.try_lock().is_ok())
+        };
+        fn holds_files(dir: &Path, no_content: &dyn Fn(&Path) -> bool) -> StoreResult<bool> {
             for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
                 let entry = entry.map_err(io_err("list", dir))?;
                 let kind = entry.file_type().map_err(io_err("stat", &entry.path()))?;
-                if kind.is_file() && entry.file_name() == own_lock {
+                if kind.is_file() && no_content(&entry.path()) {
                     continue;
                 }
-                if !kind.is_dir() || holds_files(&entry.path(), own_lock)? {
+                if !kind.is_dir() || holds_files(&entry.path(), no_content)? {
                     return Ok(true);
                 }
             }
@@ -252,7 +264,7 @@ impl Store {
             let name = entry.file_name();
             let layout = LAYOUT.contains(&&*name.to_string_lossy());
             let kind = entry.file_type().map_err(io_err("stat", &entry.path()))?;
-            let empty_layout = layout && kind.is_dir() && !holds_files(&entry.path(), &own_lock)?;
+            let empty_layout = layout && kind.is_dir() && !holds_files(&entry.path(), &no_content)?;
             if !(empty_layout || name == "format") {
                 return Ok(false);
             }
@@ -537,6 +549,16 @@ mod tests {
         // Only its own lock and empty folders: an unused store, removed whole.
         assert!(store.clone().remove_if_unused().unwrap());
         assert!(!root.exists());
+        // Its fence made (a refused download's collection takes it): unused while free.
+        let store = Store::open(&root).unwrap();
+        let fence = store.fence().unwrap();
+        assert!(root.join("holds/gc.lock").is_file());
+        assert!(
+            !store.clone().remove_if_unused().unwrap(),
+            "kept while held"
+        );
+        drop(fence);
+        assert!(store.remove_if_unused().unwrap(), "removed once free");
         // Made again at the same path, it is locked again.
         let store = Store::open(&root).unwrap();
         assert!(root.join("tmp").join(objects::own_lock_name()).is_file());

@@ -259,6 +259,12 @@ fn a_mount_over_an_endpoint_makes_its_absent_store_and_one_without_refuses() {
         "the endpoint's model reads through the new store"
     );
     ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    // The daemon wrote objects and records; ended, it leaves no writer lock in `tmp/`.
+    let left: Vec<_> = fs::read_dir(store.join("tmp"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in tmp/: {left:?}");
 }
 
 #[test]

@@ -734,6 +734,15 @@ fn download_keeps_the_cache_within_its_budget_evicting_the_least_recently_used_m
         "{said}"
     );
     assert_eq!(stored_bytes(&local), tiny_bytes, "nothing fetched");
+    // Into a store it would make: refused the same, leaving none.
+    let fresh = dir.path().join("fresh");
+    let out = download(
+        &fresh,
+        &[&big_id, "--endpoint", &server.url, "--cache-size", "64K"],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(!fresh.exists(), "a refused download leaves no new store");
 
     let big_bytes = Store::open_existing(&origin)
         .unwrap()

@@ -191,11 +191,27 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 pub fn unmount(args: &UnmountArgs) -> anyhow::Result<ExitCode> {
+    // Asked before: once unmounted, the daemon cannot be asked.
+    let daemon = (!args.lazy)
+        .then(|| super::status::daemon_pid(&args.mountpoint))
+        .flatten();
     session::unmount(&args.mountpoint, args.lazy)?;
     let how = if args.lazy { "detached" } else { "unmounted" };
     println!("{how} {}", args.mountpoint.display());
+    // A script that goes on (gc, rm -r of the store) finds the daemon's writes done.
+    if let Some(pid) = daemon {
+        if !session::wait_for_exit(pid, DAEMON_EXIT_WAIT) {
+            eprintln!(
+                "tensorfs: the daemon (pid {pid}) is still ending {} s after the unmount; see                  its log",
+                DAEMON_EXIT_WAIT.as_secs()
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
+
+/// How long `unmount` waits for the daemon to end.
+const DAEMON_EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// `$XDG_STATE_HOME/tensorfs/mount.log`, else `~/.local/state/tensorfs/mount.log`.
 fn default_log() -> anyhow::Result<PathBuf> {

@@ -104,6 +104,16 @@ fn query(mountpoint: &Path) -> Value {
     }
 }
 
+/// The pid of the process serving the mount at `mountpoint` when it serves that mount alone
+/// and ends with it (the CLI's daemon, `mount --foreground`), from its status.
+pub(super) fn daemon_pid(mountpoint: &Path) -> Option<u32> {
+    let status = query(mountpoint);
+    (status["daemon"] == true)
+        .then(|| status["pid"].as_u64())
+        .flatten()
+        .and_then(|pid| u32::try_from(pid).ok())
+}
+
 /// The value of extended attribute `name` of `path`.
 fn getxattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
     let c_path = CString::new(path.as_os_str().as_bytes())?;

@@ -49,8 +49,10 @@ pub struct MountConfig {
     pub mountpoint: PathBuf,
     /// The store's root folder (it must exist).
     pub store: PathBuf,
-    /// Whether the CLI serves in its own process (`--foreground`) or starts a daemon with
-    /// [`spawn_background`]. [`mount`] itself always serves in the calling process.
+    /// Whether the CLI serves in its own process (`--foreground`, and so the daemon) or starts
+    /// a daemon with [`spawn_background`]. [`mount`] itself always serves in the calling
+    /// process; a foreground process serves this mount alone and ends with it, which its
+    /// status says (`daemon`), so `unmount` waits for it to end.
     pub foreground: bool,
     /// Worker threads reading requests (default: the CPU count, within 4..=8), so one slow
     /// first read (hashing a large blob) does not stall the others.
@@ -275,7 +277,7 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
             (fs, Some((lazy.fetcher, remote.endpoint.clone())))
         }
     };
-    fs.set_status_extra(status_extra(&mountpoint, fetcher));
+    fs.set_status_extra(status_extra(&mountpoint, config.foreground, fetcher));
     let fs = Arc::new(fs);
     let mut session = Session::new(FuseAdapter::new(fs), &mountpoint, &config.fuser_config())
         .map_err(|source| MountError::Mount {
@@ -318,6 +320,7 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
 /// without one.
 fn status_extra(
     mountpoint: &Path,
+    daemon: bool,
     fetcher: Option<(Arc<crate::lazy::Fetcher>, String)>,
 ) -> crate::fs::status::StatusExtra {
     let mountpoint = mountpoint.to_path_buf();
@@ -332,6 +335,8 @@ fn status_extra(
         };
         let mut fields = serde_json::Map::new();
         fields.insert("pid".into(), std::process::id().into());
+        // The process serves this mount alone and ends once it is unmounted.
+        fields.insert("daemon".into(), daemon.into());
         fields.insert("mountpoint".into(), serde_json::json!(mountpoint));
         fields.insert("endpoint".into(), endpoint);
         fields.insert("fetch".into(), fetch);
@@ -504,6 +509,29 @@ pub fn spawn_background(
                 waited: timeout,
             })
         }
+    }
+}
+
+/// Waits up to `timeout` for process `pid` to end (gone from `/proc`, or a zombie its parent
+/// has not reaped); returns whether it did.
+pub fn wait_for_exit(pid: u32, timeout: Duration) -> bool {
+    let stat = PathBuf::from(format!("/proc/{pid}/stat"));
+    let start = std::time::Instant::now();
+    loop {
+        // The state follows the parenthesized command name, which may hold spaces.
+        let ended = match fs::read_to_string(&stat) {
+            Err(_) => true,
+            Ok(text) => text
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        };
+        if ended {
+            return true;
+        }
+        if start.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -187,11 +187,13 @@ pub(crate) fn own_lock_name() -> String {
     format!("tensorfs-{}.lock", std::process::id())
 }
 
+/// The `tmp/` folders this process holds its writer lock on, with the lock's descriptor.
+static CLAIMED: OnceLock<std::sync::Mutex<Vec<(PathBuf, File)>>> = OnceLock::new();
+
 /// Takes this process's writer lock on `tmp` once, reaping temp files of writers that died.
 /// Every temp file a process writes (objects and records alike) is made after this, so a
 /// killed writer's files are told by their free lock and reaped by the next writer.
 fn claim_tmp(tmp: &Path) -> StoreResult<()> {
-    static CLAIMED: OnceLock<std::sync::Mutex<Vec<(PathBuf, File)>>> = OnceLock::new();
     let claimed = CLAIMED.get_or_init(Default::default);
     let mut claimed = lock(claimed);
     let path = tmp.join(own_lock_name());
@@ -210,6 +212,29 @@ fn claim_tmp(tmp: &Path) -> StoreResult<()> {
     file.lock().map_err(io_err("lock", &path))?;
     claimed.push((tmp.to_path_buf(), file));
     Ok(())
+}
+
+/// Removes this process's writer locks from the stores it wrote to, where it left no temp
+/// file (those stay told by the lock, for the next writer to reap): called as the process
+/// ends, so a clean exit leaves no `tmp/tensorfs-<pid>.lock` behind. Writing again afterwards
+/// takes the lock again.
+pub fn release_writer_locks() {
+    let Some(claimed) = CLAIMED.get() else {
+        return;
+    };
+    let own = format!("tensorfs-{}-", std::process::id());
+    lock(claimed).retain(|(tmp, _)| {
+        let temps = fs::read_dir(tmp)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&own)));
+        if temps {
+            return true;
+        }
+        let _ = fs::remove_file(tmp.join(own_lock_name()));
+        false
+    });
 }
 
 /// Removes the temp files of writers whose lock is free (they exited or were killed).
