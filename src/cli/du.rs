@@ -239,7 +239,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     println!(
         "total: {} repos, {} commits: {} logical in {} stored ({:.2}× dedup); {} rooted by \
-         local/ repos, {} of other repos (cache, kept by uses), {} named by no repo (uses or holds \
+         local/ repos, {} of other repos (cache: kept while used, evicted least recently used first), {} named by no repo (uses or holds \
          may still keep it: `gc --dry-run` says what goes){}",
         totals.repos,
         totals.commits,
