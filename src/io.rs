@@ -185,6 +185,21 @@ impl BlobReader {
         Ok(open)
     }
 
+    /// A descriptor of `object`'s blob, its bytes proven (the ledger shows the inode unchanged
+    /// since it was hashed, or it is hashed now), for a caller that maps or reads the blob
+    /// itself.
+    ///
+    /// # Errors
+    /// The blob is absent, unreadable, damaged (`InvalidData`, naming the blob and what to
+    /// run), or changed since its proof and damaged now.
+    pub fn proven_file(&self, object: &ObjectRef) -> io::Result<File> {
+        let mut open = self.get(object)?;
+        if !self.unchanged(object, &open)? {
+            open = self.get(object)?;
+        }
+        open.blob.file().try_clone()
+    }
+
     /// Whether `open`'s blob still has the inode stamp it was proven with; when not, it is
     /// dropped from the open blobs, so the next use opens and proves it again.
     ///
@@ -270,10 +285,7 @@ impl ObjectSource for BlobReader {
     }
 
     fn backing_file(&self, object: &ObjectRef) -> Option<File> {
-        let open = self.get(object).ok()?;
-        self.unchanged(object, &open)
-            .ok()?
-            .then(|| open.blob.file().try_clone().ok())?
+        self.proven_file(object).ok()
     }
 
     fn read_objects(&self, reads: &mut [ObjectRead<'_>]) -> io::Result<()> {

@@ -14,6 +14,9 @@
 #    and the summary lists the skips by name and count;
 # 4. the end-to-end checks against the release binary and real FUSE mounts:
 #    tools/main-job.sh (all-MiniLM-L6-v2 imported, mounted, embeddings and SHA-256s equal),
+#    tools/python-test.sh (the cozytensors wheel built with maturin, its pytest suite: every
+#    tensor of a mounted file read from the blobs equal to safetensors' own, the fallbacks,
+#    a damaged blob),
 #    tools/e2e/diffusers_e2e.sh (tiny SD: default lane, fp16 lane, fp16 with fallback),
 #    tools/e2e/hf_cache_e2e.sh (a huggingface_hub cache imported with --hf-cache, loaded by
 #    repo id through MOUNT/@hf: Transformers, sentence-transformers, Diffusers with fp16),
@@ -91,6 +94,9 @@ if [ $run_e2e = 1 ]; then
     work="$(mktemp -d "${TMPDIR:-/tmp}/tensorfs-test.XXXXXX")"
     step "main job (all-MiniLM-L6-v2 through the mount)" timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/main-job.sh"
     passed+=("main job")
+    step "python package cozytensors (maturin wheel; pytest on real mounts)" \
+        timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/python-test.sh"
+    passed+=("python package")
     step "diffusers e2e (tiny SD lanes through the mount)" \
         timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/e2e/diffusers_e2e.sh"
     passed+=("diffusers e2e")

@@ -1,0 +1,256 @@
+"""safetensors' `safe_open` for files of TensorFS mounts, reading the store's blobs directly.
+
+A `.safetensors` file of a TensorFS mount is synthesized from chunk blobs of the store. Read
+through the mount, every byte crosses FUSE (4 KiB pages, a copy each, on the kernels we
+target); read from the blobs, none does. For such a file, `safe_open` parses the header (a few
+KiB through the mount), asks the daemon where each tensor lies (the extents ioctl), and builds
+the tensor from the blob itself:
+
+- a tensor inside one blob (most: chunks are 64 MiB) is a private, copy-on-write mapping of
+  the blob's range, as safetensors' own tensors are of the file (`backend="mmap"`, the default),
+  or a read into new memory (`backend="pread"`);
+- a tensor spanning blobs is read into new memory, piece by piece.
+
+Each blob's bytes are proven before use (the store's verification ledger shows it unchanged
+since it was hashed, or it is hashed now, once per process), so a damaged blob is an error,
+never wrong values.
+
+Anything else is safetensors itself, with its own errors: a file on another filesystem, a
+store this process cannot read (a container that binds only the mount), a framework other than
+`pt` and `numpy`, a dtype that framework lacks, and `get_slice`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import struct
+from typing import Any, Dict, List, Optional
+
+import safetensors
+from safetensors import SafetensorError
+
+from . import _native
+
+# The header may not be larger than this (safetensors' own limit).
+_MAX_HEADER = 100_000_000
+
+_ELEMENT_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    attr = {
+        "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+        "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32",
+        "F32": "float32", "F64": "float64", "I64": "int64", "U64": "uint64",
+        "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+        "F8_E8M0": "float8_e8m0fnu",
+    }.get(name)
+    return getattr(torch, attr, None) if attr else None
+
+
+def _numpy_dtype(name: str):
+    import numpy as np
+
+    code = {
+        "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "<i2", "U16": "<u2",
+        "F16": "<f2", "I32": "<i4", "U32": "<u4", "F32": "<f4", "F64": "<f8",
+        "I64": "<i8", "U64": "<u8",
+    }.get(name)
+    return np.dtype(code) if code else None
+
+
+def _read_header(path: str) -> Optional[tuple]:
+    """The header's tensors (name → entry), metadata and data start; None when malformed
+    (safetensors then says what is wrong).
+
+    Raises OSError when the file cannot be read: on a mount, a damaged blob under the header's
+    last page fails the read with EIO, and safetensors' own mapping of the file would then die
+    of SIGBUS."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # No readahead: the tensors' bytes are read from the blobs, not here.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            head = os.pread(fd, 8, 0)
+            if len(head) != 8:
+                return None
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_HEADER:
+                return None
+            text = b""
+            while len(text) < n:
+                piece = os.pread(fd, n - len(text), 8 + len(text))
+                if not piece:
+                    return None
+                text += piece
+        finally:
+            os.close(fd)
+        header = json.loads(text)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: reading its safetensors header: {e.strerror}") from e
+    except ValueError:
+        return None
+    if not isinstance(header, dict):
+        return None
+    metadata = header.pop("__metadata__", None)
+    return header, metadata, 8 + n
+
+
+class safe_open:
+    """Opens a safetensors file lazily, as `safetensors.safe_open` does, with the same
+    arguments and results; tensors of a TensorFS mount come from the store's blobs (see the
+    module's doc). `framework` is `pt` or `numpy` (`np`) for that path; others, and files
+    elsewhere, are safetensors' own."""
+
+    def __init__(self, filename, framework, device="cpu", *, backend: str = "mmap"):
+        self._path = os.fspath(filename)
+        self._framework = framework
+        self._device = device
+        self._backend = backend
+        self._inner = None
+        self._fast = False
+        if backend not in ("mmap", "pread"):
+            raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
+        if framework in ("pt", "torch", "numpy", "np"):
+            parsed = _read_header(self._path)
+            if parsed is not None:
+                self._tensors, self._metadata, self._data_start = parsed
+                self._fast = self._on_mount()
+        if not self._fast:
+            self._inner = safetensors.safe_open(
+                self._path, framework=framework, device=device, backend=backend
+            )
+
+    def _on_mount(self) -> bool:
+        """Whether this file is a TensorFS file whose store this process can read."""
+        name = next(iter(self._tensors), None)
+        if name is None:
+            return False
+        try:
+            located = _native.locate(self._path, name)
+        except OSError:
+            return False
+        if located is None:
+            return False
+        store = located["store"]
+        return store is None or os.access(os.path.join(store, "blobs"), os.R_OK | os.X_OK)
+
+    def _safetensors(self):
+        if self._inner is None:
+            self._inner = safetensors.safe_open(
+                self._path, framework=self._framework, device=self._device, backend=self._backend
+            )
+        return self._inner
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        self._inner = None
+        return False
+
+    def keys(self) -> List[str]:
+        if not self._fast:
+            return self._inner.keys()
+        return sorted(self._tensors)
+
+    def offset_keys(self) -> List[str]:
+        if not self._fast:
+            return self._inner.offset_keys()
+        return sorted(self._tensors, key=lambda k: (self._tensors[k]["data_offsets"][0], k))
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        if not self._fast:
+            return self._inner.metadata()
+        return self._metadata
+
+    def get_slice(self, name: str):
+        # Slices read what they select through the mount.
+        return self._safetensors().get_slice(name)
+
+    def get_tensors(self) -> Dict[str, Any]:
+        return {name: self.get_tensor(name) for name in self.offset_keys()}
+
+    def get_tensor(self, name: str):
+        if not self._fast:
+            return self._inner.get_tensor(name)
+        entry = self._tensors.get(name)
+        if entry is None:
+            raise SafetensorError(f"File does not contain tensor {name}")
+        dtype_name = entry["dtype"]
+        torch = self._framework in ("pt", "torch")
+        dtype = _torch_dtype(dtype_name) if torch else _numpy_dtype(dtype_name)
+        if dtype is None or dtype_name not in _ELEMENT_BYTES:
+            return self._safetensors().get_tensor(name)
+        shape = list(entry["shape"])
+        begin, end = (self._data_start + o for o in entry["data_offsets"])
+        count = end - begin
+        if count == 0:
+            return self._empty(dtype, shape)
+        buffer, offset = self._bytes(name, begin, end)
+        items = count // _ELEMENT_BYTES[dtype_name]
+        if torch:
+            import torch as t
+
+            tensor = t.frombuffer(buffer, dtype=dtype, count=items, offset=offset).reshape(shape)
+            if self._device not in ("cpu", None):
+                tensor = tensor.to(self._device)
+            return tensor
+        import numpy as np
+
+        return np.frombuffer(buffer, dtype=dtype, count=items, offset=offset).reshape(shape)
+
+    def _empty(self, dtype, shape):
+        if self._framework in ("pt", "torch"):
+            import torch
+
+            return torch.empty(shape, dtype=dtype, device=self._device)
+        import numpy as np
+
+        return np.empty(shape, dtype=dtype)
+
+    def _bytes(self, name: str, begin: int, end: int):
+        """A writable buffer holding the file's bytes [begin, end) and the offset of the first
+        in it."""
+        what = f"{self._path}: tensor {name!r}"
+        located = _native.locate(self._path, name)
+        if located is None:
+            raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
+        # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.
+        part = next((p for p in located["parts"] if (p["begin"], p["end"]) == (begin, end)), None)
+        if part is None:
+            raise OSError(errno.EIO, f"{what}: the daemon locates no part at bytes {begin}..{end}")
+        extents = part["extents"]
+        store = located["store"]
+        if len(extents) == 1 and self._backend == "mmap":
+            sha, blob_length, offset, length, _ = extents[0]
+            fd = _native.open_blob(store, sha, blob_length, what)
+            try:
+                start = offset - offset % mmap.ALLOCATIONGRANULARITY
+                mapping = mmap.mmap(
+                    fd, offset + length - start, access=mmap.ACCESS_COPY, offset=start
+                )
+            finally:
+                os.close(fd)
+            return mapping, offset - start
+        pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _ in extents]
+        return _native.read(store, pieces, end - begin, what), 0
+
+
+def load_file(filename, device="cpu", *, backend: str = "mmap"):
+    """Every tensor of a safetensors file as torch tensors on `device`, as
+    `safetensors.torch.load_file` does."""
+    with safe_open(filename, framework="pt", device=device, backend=backend) as f:
+        return f.get_tensors()

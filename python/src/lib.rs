@@ -1,0 +1,211 @@
+//! `cozytensors._native`: the native half of the `cozytensors` Python package.
+//!
+//! For a `.safetensors` file of a TensorFS mount it asks the daemon where a tensor's bytes lie
+//! (the extents ioctl, `docs/extents.md`) and hands out the store's chunk blobs with their
+//! bytes proven (the store's verification ledger shows the blob unchanged since it was hashed,
+//! or it is hashed now, once per process), so the Python side maps or reads them itself and the
+//! bytes never cross FUSE. The Python side (`cozytensors/_loader.py`) owns the safetensors API;
+//! this module only locates, proves and reads.
+//!
+//! Errors are `OSError`s with an errno and a message naming the file and tensor (the ioctl's
+//! errno, `EIO` for a damaged blob, `EACCES` for a store the caller cannot read).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::IntoRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyDict, PyList};
+use tensorfs::extents::ioctl::{self, QueryError};
+use tensorfs::format::{ObjectRef, Sha256};
+use tensorfs::io::{BlobReader, BlobReaderConfig, ObjectRead, ObjectSource};
+use tensorfs::store::Store;
+
+/// One reader per store root for the life of the process: each blob is proven once.
+static READERS: Mutex<Option<HashMap<PathBuf, Arc<BlobReader>>>> = Mutex::new(None);
+
+fn os_error(errno: i32, message: String) -> PyErr {
+    PyOSError::new_err((errno, message))
+}
+
+fn io_error(what: &str, e: &io::Error) -> PyErr {
+    let errno = match e.kind() {
+        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => libc::EIO,
+        _ => e.raw_os_error().unwrap_or(libc::EIO),
+    };
+    os_error(errno, format!("{what}: {e}"))
+}
+
+/// The reader of the store at `root`.
+fn reader(root: &Path) -> PyResult<Arc<BlobReader>> {
+    let mut readers = READERS.lock().unwrap_or_else(|p| p.into_inner());
+    let readers = readers.get_or_insert_with(HashMap::new);
+    if let Some(reader) = readers.get(root) {
+        return Ok(reader.clone());
+    }
+    let store = Store::open_existing(root).map_err(|e| {
+        let errno = match &e {
+            tensorfs::store::StoreError::Io { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
+            _ => libc::EIO,
+        };
+        os_error(errno, format!("the store {}: {e}", root.display()))
+    })?;
+    let reader = Arc::new(BlobReader::new(store, BlobReaderConfig::default()));
+    readers.insert(root.to_path_buf(), reader.clone());
+    Ok(reader)
+}
+
+fn object(sha256: &str, length: u64) -> PyResult<ObjectRef> {
+    let sha256: Sha256 = sha256
+        .parse()
+        .map_err(|e| os_error(libc::EINVAL, format!("blob {sha256:?}: {e}")))?;
+    Ok(ObjectRef { sha256, length })
+}
+
+/// Where the tensor `name` of the mounted file `path` lies, as a dict: `key`, `dtype`, `shape`,
+/// `encoding` (`None`, or `(scheme, params JSON)`), `store` (the store's root; `None` when no
+/// part has bytes), and `parts`, each a dict of `role`, `dtype`, `shape`, `begin` and `end`
+/// (absolute offsets in the file) and `extents`, a list of `(blob sha256 hex, blob length,
+/// offset in the blob, length, offset in the file)` in file order. `None` when the file is not
+/// a TensorFS file (the ioctl is `ENOTTY`, as on any other filesystem).
+///
+/// # Errors
+/// `OSError` with the ioctl's errno (`ENOENT`: no such tensor; `ENODATA`: decoded in this
+/// view; `EPROTO`: a daemon of another ABI), naming the file and tensor.
+#[pyfunction]
+fn locate(py: Python<'_>, path: &str, name: &str) -> PyResult<Option<Py<PyDict>>> {
+    let file = File::open(path).map_err(|e| io_error(path, &e))?;
+    let located = match py.detach(|| ioctl::query(&file, path, name)) {
+        Ok(located) => located,
+        Err(QueryError::Errno { errno, .. }) if errno == libc::ENOTTY => return Ok(None),
+        Err(e @ QueryError::Errno { errno, .. }) => return Err(os_error(errno, e.to_string())),
+        Err(e) => return Err(os_error(libc::EINVAL, e.to_string())),
+    };
+    let out = PyDict::new(py);
+    out.set_item("key", &located.key)?;
+    out.set_item("dtype", located.dtype.name())?;
+    out.set_item("shape", &located.shape)?;
+    match &located.encoding {
+        None => out.set_item("encoding", py.None())?,
+        Some(e) => out.set_item("encoding", (&e.scheme, &e.params))?,
+    }
+    // A blob is `<root>/blobs/<aa>/<bb>/<sha256>`.
+    let store = located
+        .extents
+        .first()
+        .and_then(|e| e.path.ancestors().nth(4))
+        .map(Path::to_path_buf);
+    out.set_item("store", store)?;
+    let parts = PyList::empty(py);
+    for (i, part) in located.parts.iter().enumerate() {
+        let p = PyDict::new(py);
+        p.set_item("role", &part.role)?;
+        p.set_item("dtype", part.dtype.name())?;
+        p.set_item("shape", &part.shape)?;
+        p.set_item("begin", part.file_range.start)?;
+        p.set_item("end", part.file_range.end)?;
+        let extents: Vec<(String, u64, u64, u64, u64)> = located
+            .part_extents(i)
+            .iter()
+            .map(|e| {
+                (
+                    e.blob.sha256.hex(),
+                    e.blob.length,
+                    e.offset,
+                    e.length,
+                    e.file_offset,
+                )
+            })
+            .collect();
+        p.set_item("extents", extents)?;
+        parts.append(p)?;
+    }
+    out.set_item("parts", parts)?;
+    Ok(Some(out.unbind()))
+}
+
+/// A new read-only descriptor of the blob `sha256` (`length` bytes) of the store at `store`,
+/// its bytes proven first; the caller closes it. `what` names the file and tensor in errors.
+///
+/// # Errors
+/// `OSError`: the store or blob cannot be read (`EACCES`, `ENOENT`), or the blob is damaged
+/// (`EIO`, saying what to run).
+#[pyfunction]
+fn open_blob(
+    py: Python<'_>,
+    store: PathBuf,
+    sha256: &str,
+    length: u64,
+    what: &str,
+) -> PyResult<i32> {
+    let object = object(sha256, length)?;
+    let reader = reader(&store)?;
+    let file = py
+        .detach(|| reader.proven_file(&object))
+        .map_err(|e| io_error(what, &e))?;
+    Ok(file.into_raw_fd())
+}
+
+/// The bytes of `extents` (each `(blob sha256 hex, blob length, offset, length)`) of the store
+/// at `store`, concatenated into a new `bytearray` of `length` bytes: blobs proven first, and
+/// proven again when one changed while it was read. `what` names the file and tensor in errors.
+///
+/// # Errors
+/// `OSError` as [`open_blob`]; `EINVAL` when the extents do not add up to `length`.
+#[pyfunction]
+fn read(
+    py: Python<'_>,
+    store: PathBuf,
+    extents: Vec<(String, u64, u64, u64)>,
+    length: usize,
+    what: &str,
+) -> PyResult<Py<PyByteArray>> {
+    let total: u64 = extents.iter().map(|e| e.3).sum();
+    if total != length as u64 {
+        return Err(os_error(
+            libc::EINVAL,
+            format!("{what}: extents of {total} bytes for {length}"),
+        ));
+    }
+    let objects: Vec<(ObjectRef, u64, u64)> = extents
+        .iter()
+        .map(|(sha, blob_length, offset, len)| Ok((object(sha, *blob_length)?, *offset, *len)))
+        .collect::<PyResult<_>>()?;
+    let reader = reader(&store)?;
+    let mut failed: Option<io::Error> = None;
+    let bytes = PyByteArray::new_with(py, length, |buf| {
+        let mut reads = Vec::with_capacity(objects.len());
+        let mut rest = buf;
+        for (object, offset, len) in &objects {
+            let (head, tail) = rest.split_at_mut(*len as usize);
+            reads.push(ObjectRead {
+                object,
+                offset: *offset,
+                buf: head,
+            });
+            rest = tail;
+        }
+        // The bytearray is not yet visible to Python: filling it without the GIL is safe.
+        failed = py.detach(|| reader.read_objects(&mut reads)).err();
+        Ok(())
+    })?;
+    match failed {
+        Some(e) => Err(io_error(what, &e)),
+        None => Ok(bytes.unbind()),
+    }
+}
+
+/// The module `cozytensors._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(locate, m)?)?;
+    m.add_function(wrap_pyfunction!(open_blob, m)?)?;
+    m.add_function(wrap_pyfunction!(read, m)?)?;
+    Ok(())
+}

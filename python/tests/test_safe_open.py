@@ -1,0 +1,251 @@
+"""cozytensors.safe_open on real TensorFS mounts: every tensor equal to safetensors' own
+reading, from the blobs and not through FUSE; files elsewhere are safetensors' own; a damaged
+blob is an error, never wrong values.
+
+Needs the `tensorfs` binary ($TENSORFS_BIN, else target/release/tensorfs) and /dev/fuse.
+"""
+
+import errno
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors
+import torch
+from safetensors.torch import save_file
+
+import cozytensors
+import cozytensors.torch
+import safetensors.torch
+from cozytensors import _native
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("TENSORFS_BIN", ROOT / "target" / "release" / "tensorfs"))
+
+
+def _prerequisites():
+    missing = []
+    if not BIN.is_file():
+        missing.append(f"the tensorfs binary at {BIN} (cargo build --release)")
+    if not os.path.exists("/dev/fuse"):
+        missing.append("/dev/fuse")
+    if missing:
+        why = "missing: " + ", ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+def tensorfs(store, *args):
+    out = subprocess.run(
+        [str(BIN), "--store", str(store), *map(str, args)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, f"tensorfs {' '.join(map(str, args))}: {out.stderr}"
+    return out.stdout
+
+
+def _tensors():
+    """Tensors of every dtype torch and safetensors share, sized so that some span the
+    store's 64 MiB chunks; with scalars and an empty tensor."""
+    g = torch.Generator().manual_seed(7)
+    out = {}
+    for i, dtype in enumerate(
+        [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.int64, torch.uint8]
+    ):
+        base = torch.randn(5_000_000 + 97 * i, generator=g)
+        if dtype.is_floating_point:
+            out[f"layer.{i}.weight"] = base.to(dtype)
+        else:
+            out[f"layer.{i}.weight"] = (base * 50).to(dtype)
+    out["big"] = torch.randn(20_000_000, generator=g)  # 80 MB: spans two chunks
+    out["mask"] = torch.randn(333, generator=g) > 0
+    out["scalar"] = torch.tensor(3.5)
+    out["empty"] = torch.zeros(0, 4)
+    out["fp8"] = torch.randn(1000, generator=g).to(torch.float8_e4m3fn)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory):
+    _prerequisites()
+    work = tmp_path_factory.mktemp("mounted")
+    source = work / "model.safetensors"
+    save_file(_tensors(), str(source), metadata={"format": "pt", "note": "cozytensors"})
+    store, mnt = work / "store", work / "mnt"
+    tensorfs(store, "import", source, "--name", "local/model")
+    mnt.mkdir()
+    tensorfs(store, "mount", mnt, "--log-file", work / "mount.log")
+    try:
+        yield {
+            "file": mnt / "local/model/latest/f32/model.safetensors",
+            "source": source,
+            "store": store,
+            "mnt": mnt,
+        }
+    finally:
+        subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)
+        if os.path.ismount(mnt):
+            subprocess.run([str(BIN), "unmount", "--lazy", str(mnt)], capture_output=True)
+
+
+def same(a, b):
+    """Equal dtype, shape and bytes (NaNs equal to themselves)."""
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if a.numel() == 0:
+            return True
+        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    assert a.dtype == b.dtype and a.shape == b.shape
+    return a.tobytes() == b.tobytes()
+
+
+def status(mnt):
+    out = subprocess.run(
+        ["getfattr", "--only-values", "-n", "user.tensorfs.status", str(mnt)],
+        capture_output=True,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_every_tensor_equals_safetensors_and_comes_from_the_blobs(mounted, backend):
+    file = mounted["file"]
+    served = status(mounted["mnt"])["bytes_served"]
+    with cozytensors.safe_open(file, framework="pt", backend=backend) as ours:
+        assert ours._fast, "the mounted file is read from the blobs"
+        tensors = {name: ours.get_tensor(name) for name in ours.keys()}
+        keys, offset_keys, metadata = ours.keys(), ours.offset_keys(), ours.metadata()
+    # Only the header crossed FUSE.
+    assert status(mounted["mnt"])["bytes_served"] - served < 1 << 20
+    with safetensors.safe_open(mounted["source"], framework="pt") as theirs:
+        assert keys == theirs.keys()
+        assert offset_keys == theirs.offset_keys()
+        assert metadata == theirs.metadata()
+        for name in keys:
+            assert same(tensors[name], theirs.get_tensor(name)), name
+    # At least one tensor spans chunk blobs, and it reads right (above).
+    spans = [
+        name
+        for name in keys
+        if any(len(p["extents"]) > 1 for p in _native.locate(str(file), name)["parts"])
+    ]
+    assert spans, "the test model has a tensor spanning chunks"
+    # Writable, copy-on-write: the store is untouched.
+    tensors["big"][0] = 1234.0
+    with cozytensors.safe_open(file, framework="pt") as again:
+        assert again.get_tensor("big")[0] != 1234.0
+
+
+def test_numpy_and_load_file_agree_with_safetensors(mounted):
+    file = mounted["file"]
+    with cozytensors.safe_open(file, framework="np") as ours, safetensors.safe_open(
+        mounted["source"], framework="np"
+    ) as theirs:
+        for name in theirs.keys():
+            try:
+                expected = theirs.get_tensor(name)
+            except Exception as e:  # a dtype numpy lacks: the same error
+                with pytest.raises(type(e)):
+                    ours.get_tensor(name)
+                continue
+            assert same(ours.get_tensor(name), expected), name
+    loaded = cozytensors.torch.load_file(file)
+    expected = safetensors.torch.load_file(mounted["source"])
+    assert list(loaded) == list(expected)
+    for name in expected:
+        assert same(loaded[name], expected[name]), name
+
+
+def test_an_absent_tensor_is_safetensors_error(mounted):
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        with pytest.raises(safetensors.SafetensorError, match="does not contain tensor nope"):
+            ours.get_tensor("nope")
+    # get_slice is safetensors' own, through the mount.
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        assert torch.equal(ours.get_slice("big")[:10], ours.get_tensor("big")[:10])
+
+
+def test_a_file_elsewhere_is_read_by_safetensors(mounted, tmp_path):
+    copy = tmp_path / "copy.safetensors"
+    shutil.copyfile(mounted["source"], copy)
+    with cozytensors.safe_open(copy, framework="pt") as ours:
+        assert not ours._fast
+        assert same(ours.get_tensor("big"), safetensors.torch.load_file(copy)["big"])
+    # A file that is not safetensors: safetensors' own error.
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\xff" * 100)
+    with pytest.raises(safetensors.SafetensorError):
+        cozytensors.safe_open(junk, framework="pt")
+
+
+def test_a_store_the_caller_cannot_read_falls_back(mounted, monkeypatch):
+    # As in a container that binds only the mount: the store's folder is not there.
+    real = os.access
+    blobs = str(mounted["store"] / "blobs")
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == blobs else real(p, m))
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        assert not ours._fast
+        assert same(ours.get_tensor("layer.1.weight"), _tensors()["layer.1.weight"])
+
+
+def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
+    _prerequisites()
+    source = tmp_path / "model.safetensors"
+    # `a` and the header lie in one chunk; `w` (80 MB) and `z` (16 MiB), standalone, in others.
+    tensors = {
+        "a": torch.arange(256, dtype=torch.float32),
+        "w": torch.zeros(20_000_000),
+        "z": torch.arange(1 << 22, dtype=torch.float32),
+    }
+    save_file(tensors, str(source))
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    tensorfs(store, "import", source, "--name", "local/d")
+    mnt.mkdir()
+    tensorfs(store, "mount", mnt, "--log-file", tmp_path / "mount.log")
+    try:
+        file = mnt / "local/d/latest/f32/model.safetensors"
+        located = _native.locate(str(file), "z")
+        sha, _, offset, _, _ = located["parts"][0]["extents"][-1]
+        first = _native.locate(str(file), "a")["parts"][0]["extents"][0][0]
+        assert sha != first, "z lies in another chunk than the header"
+        def flip(sha, at):
+            blob = store / "blobs" / sha[:2] / sha[2:4] / sha
+            mode = blob.stat().st_mode
+            blob.chmod(mode | stat.S_IWUSR)
+            with open(blob, "r+b") as f:
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0xFF]))
+            blob.chmod(mode)
+
+        # Another chunk than the header's: the file opens, `a` reads, `z` (mapped or read) and
+        # `w` (read across both chunks) are refused.
+        flip(sha, offset + 8)
+        w_sha, _, w_offset, _, _ = _native.locate(str(file), "w")["parts"][0]["extents"][-1]
+        flip(w_sha, w_offset + 8)
+        for backend in ["mmap", "pread"]:
+            with cozytensors.safe_open(file, framework="pt", backend=backend) as ours:
+                assert torch.equal(ours.get_tensor("a"), tensors["a"])
+                for name in ["z", "w"]:
+                    with pytest.raises(OSError, match="damaged blob") as raised:
+                        ours.get_tensor(name)
+                    assert raised.value.errno == errno.EIO
+                    assert f"tensor {name!r}" in str(raised.value)
+        # The header's chunk: the mount proves it before it serves the header, and refuses
+        # it; so do we, where safetensors' own mapping of the file would die of SIGBUS.
+        flip(first, 0)
+        fd = os.open(file, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the header's page, read again
+        os.close(fd)
+        with pytest.raises(OSError, match="reading its safetensors header") as raised:
+            cozytensors.safe_open(file, framework="pt")
+        assert raised.value.errno == errno.EIO
+    finally:
+        subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)
