@@ -121,6 +121,7 @@ class safe_open:
         self._backend = backend
         self._inner = None
         self._fast = False
+        self._fd = None
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
         if framework in ("pt", "torch", "numpy", "np"):
@@ -138,11 +139,15 @@ class safe_open:
         name = next(iter(self._tensors), None)
         if name is None:
             return False
+        # One descriptor for every query: each open of a mounted file is a request to the
+        # daemon (which holds the file's objects while it is open).
+        self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            located = _native.locate(self._path, name)
+            located = _native.locate(self._fd, self._path, name)
         except OSError:
-            return False
+            located = None
         if located is None:
+            self._close()
             return False
         store = located["store"]
         return store is None or os.access(os.path.join(store, "blobs"), os.R_OK | os.X_OK)
@@ -154,11 +159,21 @@ class safe_open:
             )
         return self._inner
 
+    def _close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        self._close()
+
     def __enter__(self):
         return self
 
     def __exit__(self, *_exc):
+        # Tensors already built stay valid: their mappings and buffers own their bytes.
         self._inner = None
+        self._close()
         return False
 
     def keys(self) -> List[str]:
@@ -225,7 +240,9 @@ class safe_open:
         """A writable buffer holding the file's bytes [begin, end) and the offset of the first
         in it."""
         what = f"{self._path}: tensor {name!r}"
-        located = _native.locate(self._path, name)
+        if self._fd is None:
+            raise SafetensorError("File is closed")
+        located = _native.locate(self._fd, self._path, name)
         if located is None:
             raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
         # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{FromRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -68,7 +68,8 @@ fn object(sha256: &str, length: u64) -> PyResult<ObjectRef> {
     Ok(ObjectRef { sha256, length })
 }
 
-/// Where the tensor `name` of the mounted file `path` lies, as a dict: `key`, `dtype`, `shape`,
+/// Where the tensor `name` of the mounted file open as descriptor `fd` (named `path` in
+/// errors) lies, as a dict: `key`, `dtype`, `shape`,
 /// `encoding` (`None`, or `(scheme, params JSON)`), `store` (the store's root; `None` when no
 /// part has bytes), and `parts`, each a dict of `role`, `dtype`, `shape`, `begin` and `end`
 /// (absolute offsets in the file) and `extents`, a list of `(blob sha256 hex, blob length,
@@ -78,9 +79,13 @@ fn object(sha256: &str, length: u64) -> PyResult<ObjectRef> {
 /// # Errors
 /// `OSError` with the ioctl's errno (`ENOENT`: no such tensor; `ENODATA`: decoded in this
 /// view; `EPROTO`: a daemon of another ABI), naming the file and tensor.
+///
+/// The caller keeps one descriptor open for all its queries: each open of a mounted file is a
+/// request to the daemon, which places a hold for it.
 #[pyfunction]
-fn locate(py: Python<'_>, path: &str, name: &str) -> PyResult<Option<Py<PyDict>>> {
-    let file = File::open(path).map_err(|e| io_error(path, &e))?;
+fn locate(py: Python<'_>, fd: i32, path: &str, name: &str) -> PyResult<Option<Py<PyDict>>> {
+    // SAFETY: borrowed for the call; the caller owns and closes `fd`.
+    let file = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
     let located = match py.detach(|| ioctl::query(&file, path, name)) {
         Ok(located) => located,
         Err(QueryError::Errno { errno, .. }) if errno == libc::ENOTTY => return Ok(None),

@@ -93,6 +93,14 @@ def mounted(tmp_path_factory):
             subprocess.run([str(BIN), "unmount", "--lazy", str(mnt)], capture_output=True)
 
 
+def _locate(file, name):
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        return _native.locate(fd, str(file), name)
+    finally:
+        os.close(fd)
+
+
 def same(a, b):
     """Equal dtype, shape and bytes (NaNs equal to themselves)."""
     if isinstance(a, torch.Tensor):
@@ -133,7 +141,7 @@ def test_every_tensor_equals_safetensors_and_comes_from_the_blobs(mounted, backe
     spans = [
         name
         for name in keys
-        if any(len(p["extents"]) > 1 for p in _native.locate(str(file), name)["parts"])
+        if any(len(p["extents"]) > 1 for p in _locate(file, name)["parts"])
     ]
     assert spans, "the test model has a tensor spanning chunks"
     # Writable, copy-on-write: the store is untouched.
@@ -166,6 +174,12 @@ def test_an_absent_tensor_is_safetensors_error(mounted):
     with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
         with pytest.raises(safetensors.SafetensorError, match="does not contain tensor nope"):
             ours.get_tensor("nope")
+    # Used after its context: safetensors' error; tensors built before stay valid.
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        kept = ours.get_tensor("layer.0.weight")
+    with pytest.raises(safetensors.SafetensorError, match="File is closed"):
+        ours.get_tensor("layer.0.weight")
+    assert same(kept, _tensors()["layer.0.weight"])
     # get_slice is safetensors' own, through the mount.
     with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
         assert torch.equal(ours.get_slice("big")[:10], ours.get_tensor("big")[:10])
@@ -210,9 +224,9 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
     tensorfs(store, "mount", mnt, "--log-file", tmp_path / "mount.log")
     try:
         file = mnt / "local/d/latest/f32/model.safetensors"
-        located = _native.locate(str(file), "z")
+        located = _locate(file, "z")
         sha, _, offset, _, _ = located["parts"][0]["extents"][-1]
-        first = _native.locate(str(file), "a")["parts"][0]["extents"][0][0]
+        first = _locate(file, "a")["parts"][0]["extents"][0][0]
         assert sha != first, "z lies in another chunk than the header"
         def flip(sha, at):
             blob = store / "blobs" / sha[:2] / sha[2:4] / sha
@@ -228,7 +242,7 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
         # Another chunk than the header's: the file opens, `a` reads, `z` (mapped or read) and
         # `w` (read across both chunks) are refused.
         flip(sha, offset + 8)
-        w_sha, _, w_offset, _, _ = _native.locate(str(file), "w")["parts"][0]["extents"][-1]
+        w_sha, _, w_offset, _, _ = _locate(file, "w")["parts"][0]["extents"][-1]
         flip(w_sha, w_offset + 8)
         for backend in ["mmap", "pread"]:
             with cozytensors.safe_open(file, framework="pt", backend=backend) as ours:
