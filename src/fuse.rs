@@ -342,7 +342,10 @@ impl Filesystem for FuseAdapter {
                 buf.resize(size, 0);
             }
             match self.fs.read(fh.0, offset, &mut buf[..size]) {
-                Ok(n) => reply.data(&buf[..n]),
+                Ok(n) => {
+                    reply.data(&buf[..n]);
+                    self.fs.served(fh.0, offset, &buf[..n]);
+                }
                 Err(err) => fail(reply, "read", err),
             }
         })

@@ -510,6 +510,11 @@ impl Capacity {
         })
     }
 
+    /// The filesystem's size in bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.blocks.saturating_mul(u64::from(self.block_bytes))
+    }
+
     /// Bytes unprivileged users may still write.
     pub fn available_bytes(&self) -> u64 {
         self.available_blocks

@@ -9,35 +9,40 @@
 //!
 //! - a file that is one whole object (a repo file, an asset) passes through to its blob, once
 //!   the [`ObjectSource`] has proven the blob ([`ObjectSource::backing_file`]);
-//! - a synthesized safetensors file has no local file with its bytes. Once a handle has read
-//!   it to its end, the [`ViewCache`] writes one in the background, `DIR/<digest>`, named by
-//!   the plan's [`digest`](crate::layout::SafetensorsPlan::digest), and opens after that pass
-//!   through to it.
+//! - a synthesized safetensors file has no local file with its bytes. The [`ViewCache`] makes
+//!   one, `DIR/<digest>`, named by the plan's [`digest`](crate::layout::SafetensorsPlan::digest),
+//!   from the bytes the mount's reads serve: once reads have served an eighth of a file (a loader
+//!   at work, not a scanner reading headers), every read's bytes are also written at their place
+//!   in a sparse temporary file, and a background thread fills the holes, in file order, through
+//!   the same [`ObjectSource`]. Loaders read tensors out of file order, and a file read whole
+//!   costs no second pass (a second pass read 2.4 s per GiB here): the build reads only what the
+//!   reads had served before the view started, and what they skip. Opens after that pass through
+//!   to it.
 //!
-//! A view is written through the same [`ObjectSource`] reads serve (so from proven blobs) into a
-//! temporary file, `fsync`ed, made read-only and renamed: it is whole or absent. The cache
-//! keeps at most `capacity_bytes` of views, dropping the least recently opened after each
-//! build, and builds nothing that would leave the filesystem with less than the store's disk
-//! reserve free ([`reserve`]: 2 % of the disk, 1–10 GiB). Views cost disk space (a copy of each file read whole, up to the
-//! capacity), which is why the cache is off unless asked for. The store counts them too: a
-//! write that would cross the store's disk reserve drops views in the store's own `views/`
-//! first ([`crate::store::Store::make_room`]); a mount finds a dropped view gone and serves the
-//! file itself until it is built again.
+//! A view is written from verified reads (proven blobs) into a temporary file, `fsync`ed, made
+//! read-only and renamed: it is whole or absent. The cache keeps at most `capacity_bytes` of
+//! views and views being built, dropping the least recently opened before a build starts, and
+//! starts none that would leave the filesystem with less than the store's disk reserve free
+//! ([`reserve`]: 2 % of the disk, 1–10 GiB). Views cost disk space (a copy of each file read,
+//! up to the capacity), which is why the cache is off unless asked for. The store counts them
+//! too: a write that would cross the store's disk reserve drops views in the store's own
+//! `views/` first ([`crate::store::Store::make_room`]); a mount finds a dropped view gone and
+//! serves the file itself until it is built again.
 //!
 //! Trust: from its build on, a view (like a passed-through blob) is read by the kernel without
 //! the per-read checks of [`crate::io::BlobReader`]; a view whose size is not its file's is
 //! removed, but changed bytes of the same size would be served. Views live in a folder only
 //! the daemon's user can write.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::format::Sha256;
 use crate::io::ObjectSource;
@@ -49,6 +54,15 @@ use crate::sync::lock;
 /// Bytes a build reads and writes at once (8 MiB).
 const BUILD_BLOCK_BYTES: usize = 8 << 20;
 
+/// A file's view starts once reads have served `1 / START_SHARE` of its bytes: a loader is at
+/// work. A scanner reading headers (ComfyUI lists every model's) serves far less, and what a
+/// build reads again is at most this share of a file read whole.
+const START_SHARE: u64 = 8;
+
+/// A build fills holes only once the file's reads have paused this long: while a loader is at
+/// work, its reads fill the view, and a build racing ahead would read its bytes a second time.
+const QUIET: Duration = Duration::from_millis(250);
+
 /// Prefix of a view being written; the name goes on with the writer's pid and the digest.
 const TEMP_PREFIX: &str = ".building-";
 
@@ -57,7 +71,8 @@ const TEMP_PREFIX: &str = ".building-";
 pub struct ViewConfig {
     /// The folder of the views (created, mode 0700, if missing).
     pub dir: PathBuf,
-    /// Most bytes of views kept; the least recently opened go first.
+    /// Most bytes of views kept, those being built included; the least recently opened go
+    /// first.
     pub capacity_bytes: u64,
     /// Smaller files get no view (default 1 MiB): their reads cost little.
     pub min_file_bytes: u64,
@@ -74,14 +89,20 @@ impl ViewConfig {
     }
 }
 
+/// A tenth of the filesystem: the views' budget of a mount that may pass files through and was
+/// given none (`tensorfs mount` without `--view-cache`, docs/views.md says why).
+pub fn default_capacity(disk: &Capacity) -> u64 {
+    disk.total_bytes() / 10
+}
+
 /// Where a file's view stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ViewState {
     /// Built: opens pass through to it.
     Ready,
-    /// Being written (or waiting to be).
+    /// Being written: reads' bytes go into it, and the build fills the rest.
     Building,
-    /// None, and none asked for yet (or the build failed; see the log).
+    /// None, and none started yet (or the build failed; see the log).
     Absent,
 }
 
@@ -100,7 +121,10 @@ impl ViewState {
 struct Index {
     /// Built views: size in bytes and when last opened (a counter).
     ready: HashMap<Sha256, (u64, u64)>,
-    building: HashSet<Sha256>,
+    /// Views being built.
+    filling: HashMap<Sha256, Arc<Filling>>,
+    /// Bytes reads have served of files with no view yet, since the mount started.
+    served: HashMap<Sha256, u64>,
     /// Builds that failed, not tried again until the next mount.
     failed: HashSet<Sha256>,
     clock: u64,
@@ -114,28 +138,125 @@ impl Index {
             entry.1 = now;
         }
     }
+
+    fn building_bytes(&self) -> u64 {
+        self.filling.values().map(|f| f.content.size()).sum()
+    }
+
+    /// Removes the least recently opened views until the rest take at most `room` bytes. An
+    /// open view stays readable through its descriptor.
+    fn evict(&mut self, dir: &Path, room: u64) {
+        let mut total: u64 = self.ready.values().map(|(size, _)| size).sum();
+        while total > room {
+            let Some((&key, &(size, _))) = self.ready.iter().min_by_key(|(_, (_, used))| *used)
+            else {
+                break;
+            };
+            let path = dir.join(key.hex());
+            if let Err(e) = fs::remove_file(&path) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!("removing view {}: {e}", path.display());
+                }
+            }
+            self.ready.remove(&key);
+            total -= size;
+        }
+    }
 }
 
-struct Job {
+/// Byte ranges `[start, end)` of a file, disjoint and merged: what a view being built holds.
+#[derive(Debug, Default)]
+struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    /// Adds `[start, end)`, merging it with the ranges it touches.
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        // The range starting at or before `start`, if it reaches it.
+        if let Some((&s, &e)) = self.0.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+                self.0.remove(&s);
+            }
+        }
+        // Ranges starting inside the new one.
+        while let Some((&s, &e)) = self.0.range(start..=end).next() {
+            end = end.max(e);
+            self.0.remove(&s);
+        }
+        self.0.insert(start, end);
+    }
+
+    /// The first range of `[from, size)` that no range covers, at most `most` bytes long.
+    fn hole(&self, from: u64, size: u64, most: u64) -> Option<(u64, u64)> {
+        let mut at = from;
+        if let Some((_, &e)) = self.0.range(..=at).next_back() {
+            at = at.max(e);
+        }
+        if at >= size {
+            return None;
+        }
+        let next = self.0.range(at..).next().map_or(size, |(&s, _)| s);
+        Some((at, next.min(size).min(at.saturating_add(most))))
+    }
+
+    fn covered(&self) -> u64 {
+        self.0.iter().map(|(s, e)| e - s).sum()
+    }
+}
+
+/// What a view being built holds, and when a read last added to it.
+#[derive(Debug)]
+struct Filled {
+    ranges: Ranges,
+    last_read: Instant,
+}
+
+/// A view being built: a sparse temporary file that reads' bytes and the build fill.
+#[derive(Debug)]
+struct Filling {
     key: Sha256,
     content: Content,
     /// What the file is, for the log.
     label: String,
+    /// The temporary file's name.
+    path: PathBuf,
+    file: File,
+    filled: Mutex<Filled>,
+    /// Why the first write of a read's bytes failed: the build gives the view up.
+    broken: OnceLock<String>,
 }
 
-/// The views of one mount: looks them up and builds them on one background thread.
+impl Filling {
+    /// Writes the file's bytes `bytes` at `offset`, served by a read or (`by_read` false) read
+    /// by the build. They are the file's, so two writers of one range write the same bytes.
+    fn write(&self, offset: u64, bytes: &[u8], by_read: bool) -> io::Result<()> {
+        self.file.write_all_at(bytes, offset)?;
+        let mut filled = lock(&self.filled);
+        filled.ranges.insert(offset, offset + bytes.len() as u64);
+        if by_read {
+            filled.last_read = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// The views of one mount: looks them up, and builds them from reads and one background thread.
 pub struct ViewCache {
     config: ViewConfig,
     index: Arc<Mutex<Index>>,
-    jobs: Sender<Job>,
-    /// Set when the cache is dropped or [`ViewCache::stop_building`] is called: a build under
-    /// way stops and removes its file, and no other starts.
+    jobs: Sender<Arc<Filling>>,
+    /// Set when the cache is dropped or [`ViewCache::stop_building`] is called: builds under
+    /// way stop and remove their files, and no other starts.
     stop: Arc<AtomicBool>,
 }
 
 impl Drop for ViewCache {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop_building();
     }
 }
 
@@ -179,22 +300,22 @@ impl ViewCache {
             index.clock += 1;
             index.ready.insert(key, (size, index.clock));
         }
+        // A smaller capacity than last time takes effect now.
+        index.evict(&config.dir, config.capacity_bytes);
         let builder = Builder {
             config: config.clone(),
             index: Arc::new(Mutex::new(index)),
             source,
             stop: Arc::default(),
         };
-        // A smaller capacity than last time takes effect now.
-        builder.evict(&mut lock(&builder.index));
         let (index, stop) = (builder.index.clone(), builder.stop.clone());
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::channel::<Arc<Filling>>();
         std::thread::Builder::new()
             .name("tensorfs-views".into())
             .spawn(move || {
                 // Ends when the cache (the sender) is dropped.
-                for job in queue {
-                    builder.build(job);
+                for filling in queue {
+                    builder.build(&filling);
                 }
             })?;
         Ok(ViewCache {
@@ -212,6 +333,12 @@ impl ViewCache {
             index.ready.len(),
             index.ready.values().map(|(size, _)| size).sum(),
         )
+    }
+
+    /// How many views are being built, and the bytes they will hold.
+    pub fn building(&self) -> (usize, u64) {
+        let index = lock(&self.index);
+        (index.filling.len(), index.building_bytes())
     }
 
     /// The settings.
@@ -270,44 +397,152 @@ impl ViewCache {
                 }
             }
         }
-        if index.building.contains(key) {
+        if index.filling.contains_key(key) {
             ViewState::Building
         } else {
             ViewState::Absent
         }
     }
 
-    /// Builds no view from now on, and stops the one under way: for a mount whose kernel
-    /// refuses passthrough, where no view would ever be read. Built views stay, for a later
-    /// mount that can pass files through to them.
+    /// Builds no view from now on, and drops those under way: for a mount whose kernel refuses
+    /// passthrough, where no view would ever be read, and for the end of a mount. Built views
+    /// stay, for a later mount that can pass files through to them.
     pub fn stop_building(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        for (_, filling) in lock(&self.index).filling.drain() {
+            let _ = fs::remove_file(&filling.path);
+        }
     }
 
-    /// Asks for view `key` of `content` (the file `label` names, for the log) to be built,
-    /// unless it is built, being built, failed before, the file is smaller than
-    /// [`ViewConfig::min_file_bytes`], or building has stopped. Never waits.
-    pub fn request(&self, key: Sha256, content: &Content, label: &str) {
-        if content.size() < self.config.min_file_bytes || self.stop.load(Ordering::Relaxed) {
+    /// Takes the bytes `bytes` that a read served at `offset` of file `content`, whose view is
+    /// `key` (`label` names the file for the log): they go into the view being built, or
+    /// count toward starting one. A file gets none when it is smaller than
+    /// [`ViewConfig::min_file_bytes`], has a view, failed one before, or building has stopped.
+    /// Never waits for a build; a failed write only gives the view up.
+    pub fn served(
+        &self,
+        key: Sha256,
+        content: &Content,
+        offset: u64,
+        bytes: &[u8],
+        label: impl FnOnce() -> String,
+    ) {
+        let size = content.size();
+        if bytes.is_empty()
+            || size < self.config.min_file_bytes
+            || self.stop.load(Ordering::Relaxed)
+        {
             return;
         }
-        {
+        let filling = {
             let mut index = lock(&self.index);
-            if index.ready.contains_key(&key)
-                || index.failed.contains(&key)
-                || !index.building.insert(key)
-            {
-                return;
+            match index.filling.get(&key) {
+                Some(filling) => filling.clone(),
+                None => {
+                    if index.ready.contains_key(&key) || index.failed.contains(&key) {
+                        return;
+                    }
+                    let served = index.served.entry(key).or_default();
+                    *served += bytes.len() as u64;
+                    if *served < size.div_ceil(START_SHARE) {
+                        return;
+                    }
+                    match self.start(&mut index, key, content, label) {
+                        Ok(Some(filling)) => filling,
+                        // Waits for the builds under way; a later read tries again.
+                        Ok(None) => return,
+                        Err((label, e)) => {
+                            tracing::warn!(
+                                "no view of {label} ({size} bytes) in {}: {e}",
+                                self.config.dir.display()
+                            );
+                            index.served.remove(&key);
+                            index.failed.insert(key);
+                            return;
+                        }
+                    }
+                }
             }
+        };
+        if let Err(e) = filling.write(offset, bytes, true) {
+            let _ = filling
+                .broken
+                .set(format!("writing a read's bytes at {offset}: {e}"));
         }
-        let job = Job {
+    }
+
+    /// Starts the view `key` of `content`: makes room, makes its temporary file and hands it
+    /// to the build. `None` while the builds under way leave no room for it.
+    fn start(
+        &self,
+        index: &mut Index,
+        key: Sha256,
+        content: &Content,
+        label: impl FnOnce() -> String,
+    ) -> Result<Option<Arc<Filling>>, (String, io::Error)> {
+        let size = content.size();
+        let capacity = self.config.capacity_bytes;
+        if size > capacity {
+            let e = io::Error::other(format!(
+                "the file is larger than the cache ({capacity} bytes)"
+            ));
+            return Err((label(), e));
+        }
+        let building = index.building_bytes();
+        if building + size > capacity {
+            return Ok(None);
+        }
+        index.evict(&self.config.dir, capacity - building - size);
+        let label = label();
+        let made = (|| {
+            let disk = Capacity::of(&self.config.dir)?;
+            if shortfall(&disk, size) > 0 {
+                return Err(io::Error::other(format!(
+                    "{} bytes free; a view must leave the disk's reserve of {} bytes",
+                    disk.available_bytes(),
+                    reserve(&disk)
+                )));
+            }
+            let path =
+                self.config
+                    .dir
+                    .join(format!("{TEMP_PREFIX}{}-{}", std::process::id(), key.hex()));
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)?;
+            // Sparse: blocks come as bytes are written.
+            if let Err(e) = file.set_len(size) {
+                let _ = fs::remove_file(&path);
+                return Err(e);
+            }
+            Ok((path, file))
+        })();
+        let (path, file) = match made {
+            Ok(made) => made,
+            Err(e) => return Err((label, e)),
+        };
+        let filling = Arc::new(Filling {
             key,
             content: content.clone(),
-            label: label.to_owned(),
-        };
-        if self.jobs.send(job).is_err() {
-            lock(&self.index).building.remove(&key);
+            label,
+            path,
+            file,
+            filled: Mutex::new(Filled {
+                ranges: Ranges::default(),
+                last_read: Instant::now(),
+            }),
+            broken: OnceLock::new(),
+        });
+        if self.jobs.send(filling.clone()).is_err() {
+            let _ = fs::remove_file(&filling.path);
+            return Ok(None);
         }
+        index.served.remove(&key);
+        index.filling.insert(key, filling.clone());
+        Ok(Some(filling))
     }
 }
 
@@ -320,119 +555,82 @@ struct Builder {
 }
 
 impl Builder {
-    fn build(&self, job: Job) {
-        // Jobs still queued when building stops are dropped unannounced.
-        if self.stop.load(Ordering::Relaxed) {
-            lock(&self.index).building.remove(&job.key);
+    fn build(&self, filling: &Filling) {
+        let size = filling.content.size();
+        let result = self.complete(filling);
+        let mut index = lock(&self.index);
+        // Absent when building stopped: its file is gone already.
+        if index.filling.remove(&filling.key).is_none() {
             return;
         }
-        let size = job.content.size();
-        let result = self.write(&job);
-        let mut index = lock(&self.index);
-        index.building.remove(&job.key);
         match result {
-            Ok(()) => {
-                index.ready.insert(job.key, (size, 0));
-                index.touch(&job.key);
-                tracing::debug!("built view {} of {} ({size} bytes)", job.key, job.label);
-                self.evict(&mut index);
-            }
-            // Stopped: not a failure, the file may be built by a later mount.
-            Err(_) if self.stop.load(Ordering::Relaxed) => {}
-            Err(e) => {
-                tracing::warn!(
-                    "no view of {} ({size} bytes) in {}: {e}",
-                    job.label,
-                    self.config.dir.display()
+            Ok(read) => {
+                index.ready.insert(filling.key, (size, 0));
+                index.touch(&filling.key);
+                tracing::debug!(
+                    "built view {} of {} ({size} bytes, {read} read again by the build)",
+                    filling.key,
+                    filling.label
                 );
-                index.failed.insert(job.key);
             }
-        }
-    }
-
-    /// Writes the view of `job` whole under its name, or leaves nothing.
-    fn write(&self, job: &Job) -> io::Result<()> {
-        let size = job.content.size();
-        if size > self.config.capacity_bytes {
-            return Err(io::Error::other(format!(
-                "the file is larger than the cache ({} bytes)",
-                self.config.capacity_bytes
-            )));
-        }
-        let capacity = Capacity::of(&self.config.dir)?;
-        if shortfall(&capacity, size) > 0 {
-            return Err(io::Error::other(format!(
-                "{} bytes free; a view must leave the disk's reserve of {} bytes",
-                capacity.available_bytes(),
-                reserve(&capacity)
-            )));
-        }
-        let temp = self.config.dir.join(format!(
-            "{TEMP_PREFIX}{}-{}",
-            std::process::id(),
-            job.key.hex()
-        ));
-        let written = write_view(&temp, &job.content, self.source.as_ref(), &self.stop)
-            .and_then(|()| fs::rename(&temp, self.config.dir.join(job.key.hex())));
-        if written.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        written
-    }
-
-    /// Removes the least recently opened views until the rest fit the capacity. An open view
-    /// stays readable through its descriptor.
-    fn evict(&self, index: &mut Index) {
-        let mut total: u64 = index.ready.values().map(|(size, _)| size).sum();
-        while total > self.config.capacity_bytes {
-            let Some((&key, &(size, _))) = index.ready.iter().min_by_key(|(_, (_, used))| *used)
-            else {
-                break;
-            };
-            let path = self.config.dir.join(key.hex());
-            if let Err(e) = fs::remove_file(&path) {
-                if e.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!("removing view {}: {e}", path.display());
+            Err(e) => {
+                let _ = fs::remove_file(&filling.path);
+                if !self.stop.load(Ordering::Relaxed) {
+                    tracing::warn!(
+                        "no view of {} ({size} bytes) in {}: {e}",
+                        filling.label,
+                        self.config.dir.display()
+                    );
+                    index.failed.insert(filling.key);
                 }
             }
-            index.ready.remove(&key);
-            total -= size;
         }
     }
-}
 
-/// Writes `content` to a new file at `path`, flushed to disk and read-only.
-fn write_view(
-    path: &Path,
-    content: &Content,
-    source: &dyn ObjectSource,
-    stop: &AtomicBool,
-) -> io::Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    let size = content.size();
-    let mut buf = vec![0u8; BUILD_BLOCK_BYTES];
-    let mut offset = 0u64;
-    while offset < size {
-        if stop.load(Ordering::Relaxed) {
-            return Err(io::Error::other("the mount ended"));
+    /// Fills the holes reads left in `filling`, in file order, whenever its reads pause for
+    /// [`QUIET`]; then flushes it, makes it read-only and gives it its name. Returns the bytes
+    /// it read.
+    fn complete(&self, filling: &Filling) -> io::Result<u64> {
+        let size = filling.content.size();
+        let mut buf = vec![0u8; BUILD_BLOCK_BYTES];
+        let (mut at, mut read) = (0u64, 0u64);
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(io::Error::other("the mount ended"));
+            }
+            if let Some(why) = filling.broken.get() {
+                return Err(io::Error::other(why.clone()));
+            }
+            let (hole, since_read) = {
+                let filled = lock(&filling.filled);
+                let hole = filled.ranges.hole(at, size, BUILD_BLOCK_BYTES as u64);
+                (hole, filled.last_read.elapsed())
+            };
+            let Some((start, end)) = hole else { break };
+            if since_read < QUIET {
+                std::thread::sleep(QUIET - since_read);
+                continue;
+            }
+            let buf = &mut buf[..(end - start) as usize];
+            let n = filling.content.read_at(self.source.as_ref(), start, buf)?;
+            if n < buf.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the file ended at {} of {size} bytes", start + n as u64),
+                ));
+            }
+            filling.write(start, buf, false)?;
+            read += n as u64;
+            at = end;
         }
-        let n = content.read_at(source, offset, &mut buf)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("the file ended at {offset} of {size} bytes"),
-            ));
-        }
-        file.write_all(&buf[..n])?;
-        offset += n as u64;
+        debug_assert_eq!(lock(&filling.filled).ranges.covered(), size);
+        filling.file.sync_all()?;
+        filling
+            .file
+            .set_permissions(fs::Permissions::from_mode(0o400))?;
+        fs::rename(&filling.path, self.config.dir.join(filling.key.hex()))?;
+        Ok(read)
     }
-    file.sync_all()?;
-    file.set_permissions(fs::Permissions::from_mode(0o400))?;
-    Ok(())
 }
 
 /// Makes `dir` a views folder: a new one (mode 0700) or an empty one gets the marker; an
@@ -465,5 +663,185 @@ fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     unsafe {
         libc::kill(pid, 0) == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+    use crate::format::ObjectRef;
+
+    #[test]
+    fn ranges_merge_and_show_their_holes() {
+        let mut r = Ranges::default();
+        r.insert(10, 20);
+        r.insert(30, 40);
+        assert_eq!(r.hole(0, 50, 100), Some((0, 10)));
+        assert_eq!(r.hole(10, 50, 100), Some((20, 30)));
+        assert_eq!(r.hole(15, 50, 4), Some((20, 24)));
+        r.insert(20, 30);
+        assert_eq!(r.0.len(), 1, "touching ranges merge: {r:?}");
+        r.insert(5, 12);
+        r.insert(35, 60);
+        assert_eq!(r.0.iter().collect::<Vec<_>>(), [(&5, &60)]);
+        assert_eq!(r.hole(0, 60, 100), Some((0, 5)));
+        assert_eq!(r.hole(5, 60, 100), None);
+        r.insert(0, 5);
+        assert_eq!(r.covered(), 60);
+        assert_eq!(r.hole(0, 60, 100), None);
+        r.insert(3, 3);
+        assert_eq!(r.covered(), 60, "an empty range adds nothing");
+    }
+
+    /// One object's bytes, counting what is read of them.
+    struct Counting {
+        bytes: Vec<u8>,
+        read: AtomicU64,
+    }
+
+    impl ObjectSource for Counting {
+        fn read_object(&self, _: &ObjectRef, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            let start = offset as usize;
+            buf.copy_from_slice(&self.bytes[start..start + buf.len()]);
+            self.read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    fn cache(dir: &Path, bytes: Vec<u8>) -> (ViewCache, Arc<Counting>, Content) {
+        let content = Content::Object(ObjectRef::of(&bytes));
+        let source = Arc::new(Counting {
+            bytes,
+            read: AtomicU64::new(0),
+        });
+        let views = ViewCache::open(ViewConfig::new(dir, 64 << 20), source.clone()).unwrap();
+        (views, source, content)
+    }
+
+    fn wait_ready(views: &ViewCache, key: &Sha256) {
+        let until = Instant::now() + Duration::from_secs(30);
+        while views.state(key) != ViewState::Ready {
+            assert!(Instant::now() < until, "the view was not built");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A loader's reads, served out of file order: the view is the file, and the build read
+    /// again only what the reads served before the view started.
+    #[test]
+    fn a_view_is_built_from_the_bytes_reads_served() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("views");
+        let size = 8 << 20;
+        let bytes: Vec<u8> = (0..size).map(|i: usize| (i * 7 + i / 4093) as u8).collect();
+        let (views, source, content) = cache(&dir, bytes.clone());
+        let key = Sha256([7; 32]);
+        let block = 128 << 10;
+        // Back to front, as a loader whose tensors' order is not the file's may read.
+        let mut offsets: Vec<usize> = (0..size).step_by(block).collect();
+        offsets.reverse();
+        for &at in &offsets {
+            let end = (at + block).min(size);
+            views.served(key, &content, at as u64, &bytes[at..end], || "x".into());
+        }
+        wait_ready(&views, &key);
+        assert_eq!(fs::read(dir.join(key.hex())).unwrap(), bytes);
+        let read = source.read.load(Ordering::Relaxed);
+        assert!(
+            read <= size as u64 / START_SHARE + block as u64,
+            "the build read {read} bytes of {size}: a second pass"
+        );
+        assert_eq!(views_left(&dir), [key.hex()], "no temporary file left");
+    }
+
+    /// A loader still at work fills the view itself: the build waits for its reads to pause.
+    #[test]
+    fn the_build_waits_while_reads_go_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("views");
+        let size = 4 << 20;
+        let bytes: Vec<u8> = (0..size).map(|i: usize| (i / 3) as u8).collect();
+        let (views, source, content) = cache(&dir, bytes.clone());
+        let key = Sha256([5; 32]);
+        let block = 64 << 10;
+        for at in (0..size).step_by(block) {
+            views.served(key, &content, at as u64, &bytes[at..at + block], || {
+                "x".into()
+            });
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        wait_ready(&views, &key);
+        assert_eq!(fs::read(dir.join(key.hex())).unwrap(), bytes);
+        let read = source.read.load(Ordering::Relaxed);
+        assert!(
+            read <= size as u64 / START_SHARE + block as u64,
+            "the build read {read} bytes of {size} while the reads went on"
+        );
+    }
+
+    /// A file read in part is finished by the build; a read of its head starts nothing.
+    #[test]
+    fn the_build_fills_what_reads_skipped_and_a_head_read_starts_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("views");
+        let size = 4 << 20;
+        let bytes: Vec<u8> = (0..size).map(|i: usize| (i % 251) as u8).collect();
+        let (views, source, content) = cache(&dir, bytes.clone());
+        let key = Sha256([9; 32]);
+        views.served(key, &content, 0, &bytes[..64 << 10], || "x".into());
+        assert_eq!(views.state(&key), ViewState::Absent, "a head read");
+        let mid = size / 2;
+        views.served(
+            key,
+            &content,
+            mid as u64,
+            &bytes[mid..mid + (1 << 20)],
+            || "x".into(),
+        );
+        wait_ready(&views, &key);
+        assert_eq!(fs::read(dir.join(key.hex())).unwrap(), bytes);
+        let read = source.read.load(Ordering::Relaxed);
+        assert_eq!(
+            read,
+            size as u64 - (1 << 20),
+            "the build read the rest once"
+        );
+    }
+
+    /// The end of a mount drops the views under way with their temporary files.
+    #[test]
+    fn stopping_removes_the_views_being_built() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("views");
+        let bytes = vec![1u8; 4 << 20];
+        let content = Content::Object(ObjectRef::of(&bytes));
+        // A source that never answers keeps the build under way.
+        struct Stalled;
+        impl ObjectSource for Stalled {
+            fn read_object(&self, _: &ObjectRef, _: u64, _: &mut [u8]) -> io::Result<()> {
+                std::thread::sleep(Duration::from_millis(200));
+                Err(io::Error::other("stalled"))
+            }
+        }
+        let views = ViewCache::open(ViewConfig::new(&dir, 64 << 20), Arc::new(Stalled)).unwrap();
+        let key = Sha256([3; 32]);
+        views.served(key, &content, 1 << 20, &bytes[..1 << 20], || "x".into());
+        assert_eq!(views.state(&key), ViewState::Building);
+        assert_eq!(views.building(), (1, 4 << 20));
+        assert_eq!(views_left(&dir).len(), 1, "the temporary file");
+        drop(views);
+        assert!(views_left(&dir).is_empty(), "{:?}", views_left(&dir));
+    }
+
+    fn views_left(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n != MARKER)
+            .collect();
+        names.sort();
+        names
     }
 }

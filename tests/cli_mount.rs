@@ -171,12 +171,56 @@ fn tensor_attributes_read_through_the_kernel() {
         getxattr(&lane.join("README.md"), "user.tensorfs.component"),
         Err(libc::ENODATA)
     );
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// A mount that may pass files through (these tests run as root) has views unless told not
+/// to, up to a tenth of their filesystem; `--view-cache 0` turns them off.
+#[test]
+fn a_root_mount_has_views_by_default_and_view_cache_0_turns_them_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt, _) = mounted_tiny(dir.path(), &[]);
+    let _cleanup = Cleanup(&mnt);
+    let weights = mnt.join("local/tiny/latest/f32/model.safetensors");
+    assert!(tensorfs::fuse::session::may_pass_through(), "run as root");
+    assert_eq!(getxattr(&weights, "user.tensorfs.view").unwrap(), "absent");
+    let mnt_arg = mnt.to_str().unwrap();
+    let said: serde_json::Value =
+        serde_json::from_str(&ok(&store, &["status", mnt_arg, "--json"])).unwrap();
+    let status = &said[0];
+    let disk = tensorfs::store::Capacity::of(&store).unwrap();
+    assert_eq!(
+        status["views"]["budget_bytes"],
+        disk.total_bytes() / 10,
+        "{status}"
+    );
+    assert!(store.join("views").is_dir());
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    ok(
+        &store,
+        &["mount", mnt.to_str().unwrap(), "--view-cache", "0"],
+    );
     assert_eq!(
         getxattr(&weights, "user.tensorfs.view"),
         Err(libc::ENODATA),
-        "no views unless asked for"
+        "no views"
     );
+    let said: serde_json::Value =
+        serde_json::from_str(&ok(&store, &["status", mnt_arg, "--json"])).unwrap();
+    assert!(said[0]["views"].is_null(), "{said}");
     ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    let err = fails(
+        &store,
+        &[
+            "mount",
+            mnt.to_str().unwrap(),
+            "--view-cache",
+            "0",
+            "--view-dir",
+            "/tmp/v",
+        ],
+    );
+    assert!(err.contains("--view-cache 0 turns them off"), "{err}");
 }
 
 #[test]

@@ -103,6 +103,38 @@ fn a_file_read_whole_gets_a_view_that_a_later_mount_reads_without_the_blobs() {
     m.unmount();
 }
 
+/// Loaders read tensors out of file order: a file read back to front, in blocks the kernel
+/// does not read ahead of, gets a view made of those reads and the holes the build filled.
+#[test]
+fn a_file_read_back_to_front_gets_a_view_of_its_bytes() {
+    use std::os::unix::fs::FileExt;
+    let (tmp, store) = store();
+    one_model(&store, 2);
+    let views = tmp.path().join("views");
+    let m = mount_with_views(&store, &views, 64 << 20);
+    let path = m.path(FILE);
+    let file = File::open(&path).unwrap();
+    let size = file.metadata().unwrap().len() as usize;
+    let mut read = vec![0u8; size];
+    let block = 96 << 10;
+    let mut end = size;
+    while end > 0 {
+        let start = end.saturating_sub(block);
+        file.read_exact_at(&mut read[start..end], start as u64)
+            .unwrap();
+        end = start;
+    }
+    drop(file);
+    wait_for(|| view_state(&path) == "ready", "the view to be built");
+    let built = views_in(&views);
+    assert_eq!(built.len(), 1, "one view, no temporary file: {built:?}");
+    assert!(fs::read(&built[0]).unwrap() == read, "the view is the file");
+    let status = status(&m.root);
+    assert_eq!(status["views"]["count"], 1, "{status}");
+    assert_eq!(status["views"]["building"], 0, "{status}");
+    m.unmount();
+}
+
 #[test]
 fn an_inode_open_through_the_page_cache_stays_so_until_its_last_handle_closes() {
     let (tmp, store) = store();

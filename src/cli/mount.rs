@@ -11,6 +11,7 @@ use anyhow::Context;
 use super::{parse_duration, parse_size, Cli};
 use crate::fuse::session::{self, MountConfig};
 use crate::lazy::LazyConfig;
+use crate::store::Capacity;
 use crate::views::ViewConfig;
 
 /// Arguments of `mount`.
@@ -58,11 +59,12 @@ pub struct Args {
     /// again. Default: what the disk holds above its reserve (2 % of it, 1–10 GiB).
     #[arg(long, value_name = "SIZE", requires = "endpoint", value_parser = parse_size)]
     pub cache_size: Option<u64>,
-    /// Serve files read whole from local copies (views) at the speed of a local file, keeping
-    /// up to SIZE of views (20G, 512M; 0: off, the default). Files that are one blob pass
-    /// through to it; views cost disk space. Needs FUSE passthrough (Linux 6.9+, root).
-    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
-    pub view_cache: u64,
+    /// Serve files loaders read from local copies (views) at the speed of a local file,
+    /// keeping up to SIZE of views (20G, 512M; 0: off). Files that are one blob pass through to
+    /// it. Needs FUSE passthrough (Linux 6.9+, CAP_SYS_ADMIN). Default: a tenth of the views'
+    /// filesystem where this process may pass files through (root), else off.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub view_cache: Option<u64>,
     /// Where views go (default: the store's `views` folder).
     #[arg(long, value_name = "DIR")]
     pub view_dir: Option<PathBuf>,
@@ -95,13 +97,30 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         cli.existing_store()?
     };
     let store = store.root().to_path_buf();
-    if args.view_dir.is_some() && args.view_cache == 0 {
-        anyhow::bail!("--view-dir needs --view-cache SIZE (views are off without it)");
+    let view_cache = match args.view_cache {
+        Some(size) => size,
+        // What the views' folder, or the folder it goes in, lies on.
+        None if session::may_pass_through() => {
+            let dir = args.view_dir.as_deref().unwrap_or(&store);
+            let on = dir.ancestors().find(|d| d.exists()).unwrap_or(dir);
+            Capacity::of(on)
+                .map(|disk| crate::views::default_capacity(&disk))
+                .unwrap_or(0)
+        }
+        None => 0,
+    };
+    if args.view_dir.is_some() && view_cache == 0 {
+        anyhow::bail!(if args.view_cache.is_some() {
+            "--view-dir needs views: --view-cache 0 turns them off"
+        } else {
+            "--view-dir needs --view-cache SIZE: views are off by default for a process that may \
+             not use FUSE passthrough (it needs CAP_SYS_ADMIN)"
+        });
     }
     let mountpoint = session::check_mountpoint(&args.mountpoint)?;
     // Views asked for but impossible are refused here, where the user sees it; the daemon
     // alone would only log it and serve without them.
-    let view_dir = match (args.view_cache, &args.view_dir) {
+    let view_dir = match (view_cache, &args.view_dir) {
         (0, _) => None,
         (_, Some(dir)) => Some(std::path::absolute(dir).context("the views' folder")?),
         (_, None) => Some(store.join("views")),
@@ -127,7 +146,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             config.threads = threads.max(1);
         }
         if let Some(dir) = view_dir {
-            config.fs.views = Some(ViewConfig::new(dir, args.view_cache));
+            config.fs.views = Some(ViewConfig::new(dir, view_cache));
         }
         session::mount(config)?;
         return Ok(ExitCode::SUCCESS);
@@ -154,8 +173,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(threads) = args.threads {
         command.arg("--threads").arg(threads.to_string());
     }
+    // The daemon gets the budget chosen here, off included.
+    command.arg("--view-cache").arg(view_cache.to_string());
     if let Some(dir) = &view_dir {
-        command.arg("--view-cache").arg(args.view_cache.to_string());
         command.arg("--view-dir").arg(dir);
     }
     if let Some(remote) = &remote {

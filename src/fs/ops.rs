@@ -447,19 +447,8 @@ impl TensorFs {
             _ => return Err(FsError::BadHandle(fh)),
         };
         self.prefetch_ahead(&file, offset, buf.len() as u64);
-        let size = file.content.size();
         file.content
             .read_at(self.objects.as_ref(), offset, buf)
-            .inspect(|&n| {
-                // A file read to its end is likely read whole again: it gets a view (the page
-                // cache hides later handles' reads, so this read asks, not a release).
-                if let (Some(views), Content::Safetensors(plan)) = (&self.views, &file.content) {
-                    if offset.saturating_add(n as u64) >= size {
-                        let label = format!("{} {}", file.lane.commit.id(), file.path);
-                        views.request(plan.digest(), &file.content, &label);
-                    }
-                }
-            })
             .map_err(|source| {
                 let err = FsError::Read {
                     commit: file.lane.commit.id(),
@@ -473,6 +462,21 @@ impl TensorFs {
                 );
                 err
             })
+    }
+
+    /// Takes the bytes a read of open file `fh` at `offset` gave its reader, once the reply is
+    /// sent (so the reader does not wait for this): with views on, they build the file's view
+    /// ([`ViewCache::served`]). The page cache hides later handles' reads, so reads count, not
+    /// opens or releases. Does nothing for other handles or files.
+    pub fn served(&self, fh: u64, offset: u64, bytes: &[u8]) {
+        let Some(views) = &self.views else { return };
+        let Some(Handle::File(file)) = self.handle(fh) else {
+            return;
+        };
+        if let Content::Safetensors(plan) = &file.content {
+            let label = || format!("{} {}", file.lane.commit.id(), file.path);
+            views.served(plan.digest(), &file.content, offset, bytes, label);
+        }
     }
 
     /// Tells the object source which chunks come next when this read continues the handle's

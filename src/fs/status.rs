@@ -81,7 +81,9 @@ impl TensorFs {
             .map_or(0, |d| d.as_secs());
         let views = self.views.as_ref().map(|views| {
             let (count, bytes) = views.usage();
-            json!({"count": count, "bytes": bytes, "budget_bytes": views.config().capacity_bytes})
+            let (building, building_bytes) = views.building();
+            json!({"count": count, "bytes": bytes, "budget_bytes": views.config().capacity_bytes,
+                   "building": building, "building_bytes": building_bytes})
         });
         let mut status = json!({
             "store": self.catalog.store_root(),

@@ -462,6 +462,23 @@ pub fn ready_fd_from_env() -> Option<RawFd> {
     std::env::var(READY_FD_ENV).ok()?.parse().ok()
 }
 
+/// Whether this process may hand the kernel backing files (FUSE passthrough registers them
+/// only for `CAP_SYS_ADMIN`): the effective capabilities of `/proc/self/status`. `false` when
+/// they cannot be read.
+pub fn may_pass_through() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| has_sys_admin(&status))
+}
+
+/// Whether a `/proc/<pid>/status` text gives `CAP_SYS_ADMIN` (bit 21 of `CapEff`, in hex).
+fn has_sys_admin(status: &str) -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+}
+
 /// Starts `command` (the binary with `mount … --foreground`) as a daemon in its own process
 /// group, and waits up to `timeout` for its readiness line on its stdout (so the daemon must
 /// print nothing else there first; its logs go to stderr, which the caller directs, e.g. to a
@@ -728,6 +745,29 @@ fn in_path(program: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cap_sys_admin_is_read_from_the_effective_set() {
+        let status = |eff: &str| {
+            format!(
+                "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t{eff}\n"
+            )
+        };
+        assert!(has_sys_admin(&status("000001ffffffffff")), "root");
+        assert!(
+            has_sys_admin(&status("0000000000200000")),
+            "the one capability"
+        );
+        assert!(
+            !has_sys_admin(&status("0000000000000000")),
+            "an ordinary user"
+        );
+        assert!(
+            !has_sys_admin(&status("00000000a80425fb")),
+            "a container's default set"
+        );
+        assert!(!has_sys_admin("Name:\tx\n"), "no CapEff line");
+    }
 
     #[test]
     fn a_missing_file_or_non_empty_mountpoint_is_refused() {
