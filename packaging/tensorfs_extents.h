@@ -1,10 +1,13 @@
 /*
- * tensorfs_extents.h: the TensorFS extents ioctl, ABI version 1.
+ * tensorfs_extents.h: the TensorFS extents ioctl, ABI versions 1 and 2.
  *
  * On an open .safetensors file of a TensorFS mount, these ioctls tell where a tensor's bytes
  * lie in the store: its logical dtype and shape, its encoding, and for each stored part the
  * byte ranges ("extents") of chunk blobs that hold it, in file order. A loader may then read
  * the blobs directly: <store>/blobs/<hex[0:2]>/<hex[2:4]>/<hex>.
+ *
+ * ABI 2 (TENSORFS_IOC_FILE) describes every tensor of the file at once, as JSON read in pages;
+ * on a lazy mount it fetches the file's chunks first and keeps them while the file is open.
  *
  * Every command is _IOWR(TENSORFS_IOC_MAGIC, nr, struct): fill the struct's query (zero
  * everything else), call ioctl(fd, TENSORFS_IOC_..., &s); on 0 the daemon has filled in the
@@ -104,9 +107,25 @@ struct tensorfs_extents {
 	struct tensorfs_extent extents[TENSORFS_EXTENTS_PER_PAGE];
 };
 
+#define TENSORFS_FILE_ABI 2u        /* put in tensorfs_file.abi_version */
+#define TENSORFS_FILE_PAGE_BYTES 16320
+
+/* TENSORFS_IOC_FILE (ABI 2): page `page` of the file's description, a JSON object
+   (docs/extents.md: store, blobs with their stamps, tensors with parts and extents). */
+struct tensorfs_file {
+	uint32_t abi_version;               /* in: TENSORFS_FILE_ABI */
+	uint32_t page;                      /* in: 0, 1, ... */
+	uint64_t reserved;                  /* in: 0 */
+	uint64_t total;                     /* in: 0; out: bytes of the whole description */
+	uint32_t count;                     /* in: 0; out: bytes in this page */
+	uint32_t reserved2;                 /* 0 */
+	uint8_t bytes[TENSORFS_FILE_PAGE_BYTES]; /* out: bytes [page*16320, page*16320 + count) */
+};
+
 #define TENSORFS_IOC_TENSOR _IOWR(TENSORFS_IOC_MAGIC, 1, struct tensorfs_tensor)
 #define TENSORFS_IOC_PART _IOWR(TENSORFS_IOC_MAGIC, 2, struct tensorfs_part)
 #define TENSORFS_IOC_EXTENTS _IOWR(TENSORFS_IOC_MAGIC, 3, struct tensorfs_extents)
+#define TENSORFS_IOC_FILE _IOWR(TENSORFS_IOC_MAGIC, 4, struct tensorfs_file)
 
 #ifdef __cplusplus
 #define TENSORFS_STATIC_ASSERT static_assert
@@ -118,6 +137,7 @@ TENSORFS_STATIC_ASSERT(sizeof(struct tensorfs_tensor) == 10440, "tensorfs_tensor
 TENSORFS_STATIC_ASSERT(sizeof(struct tensorfs_part) == 1224, "tensorfs_part layout");
 TENSORFS_STATIC_ASSERT(sizeof(struct tensorfs_extent) == 104, "tensorfs_extent layout");
 TENSORFS_STATIC_ASSERT(sizeof(struct tensorfs_extents) == 14368, "tensorfs_extents layout");
+TENSORFS_STATIC_ASSERT(sizeof(struct tensorfs_file) == 16352, "tensorfs_file layout");
 #undef TENSORFS_STATIC_ASSERT
 
 #endif /* TENSORFS_EXTENTS_H */

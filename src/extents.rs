@@ -196,6 +196,25 @@ pub struct FileTensors {
     /// The entry of each part `(tensor key, role)` where it is not [`part_name`]'s: a
     /// producer's own array name (`x.qweight`), as the import recorded it.
     producer_names: HashMap<(String, String), String>,
+    /// The keys of the file's tensors, in the component's order.
+    keys: Vec<String>,
+}
+
+/// One tensor of a file, as [`FileTensors::locate_all`] gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileTensor {
+    /// Its stored bytes' places.
+    Stored(Located),
+    /// An encoded tensor a decoded view shows decoded: its bytes are in no blob, and only a
+    /// read of the file gives them.
+    Decoded {
+        /// The tensor's key.
+        key: String,
+        /// Its encoding's scheme.
+        scheme: String,
+        /// Its bytes in the file (absolute offsets, end exclusive).
+        file_range: Range<u64>,
+    },
 }
 
 impl FileTensors {
@@ -257,6 +276,7 @@ impl FileTensors {
             }
         }
         let mut names = HashMap::new();
+        let mut keys = Vec::with_capacity(tensors.len());
         for &i in tensors {
             let i = i as usize;
             let t = component
@@ -264,6 +284,7 @@ impl FileTensors {
                 .get(i)
                 .ok_or_else(|| invalid(format!("no tensor {i} in the component")))?;
             names.insert(t.key.clone(), i);
+            keys.push(t.key.clone());
             if let (Body::Encoded { parts, .. }, false) = (&t.body, decodes) {
                 for p in parts {
                     let name = producer_names
@@ -282,7 +303,39 @@ impl FileTensors {
             entries,
             names,
             producer_names,
+            keys,
         })
+    }
+
+    /// Every tensor of the file, in the component's order: [`FileTensors::locate`] of each
+    /// key, and for an encoded tensor of a decoded view, where the file shows it decoded.
+    ///
+    /// # Errors
+    /// [`LocateError::Invalid`] when the file and header disagree.
+    pub fn locate_all(&self, store_root: &Path) -> Result<Vec<FileTensor>, LocateError> {
+        self.keys
+            .iter()
+            .map(|key| match self.locate(store_root, key) {
+                Ok(located) => Ok(FileTensor::Stored(located)),
+                Err(LocateError::Decoded { tensor, scheme, .. }) => {
+                    let file_range =
+                        self.entries
+                            .get(&tensor)
+                            .cloned()
+                            .ok_or_else(|| LocateError::Invalid {
+                                file: self.file.clone(),
+                                tensor: tensor.clone(),
+                                why: "the file has no entry for it".into(),
+                            })?;
+                    Ok(FileTensor::Decoded {
+                        key: tensor,
+                        scheme,
+                        file_range,
+                    })
+                }
+                Err(e) => Err(e),
+            })
+            .collect()
     }
 
     /// The file's path in the lane folder.

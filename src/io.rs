@@ -80,6 +80,34 @@ pub trait ObjectSource: Send + Sync {
     fn stats(&self) -> SourceStats {
         SourceStats::default()
     }
+
+    /// The inode stamp of `object`'s blob when its bytes are known proven now (the
+    /// verification ledger shows the inode unchanged since it was hashed), without hashing
+    /// anything; `None` when not known (the default), absent, or changed.
+    fn proven_stamp(&self, object: &ObjectRef) -> Option<Stamp> {
+        let _ = object;
+        None
+    }
+
+    /// Makes `objects` present and keeps them so until the returned guard is dropped: for a
+    /// reader that reads their blobs itself, outside this source (the extents ioctl's ABI 2).
+    /// A source over a store that keeps every object keeps nothing more (the default).
+    ///
+    /// # Errors
+    /// An object cannot be made present (a lazy mount's fetch failed).
+    fn keep(&self, objects: &[ObjectRef]) -> io::Result<Kept> {
+        let _ = objects;
+        Ok(Kept(Box::new(())))
+    }
+}
+
+/// What [`ObjectSource::keep`] keeps: dropping it lets the objects go again.
+pub struct Kept(pub Box<dyn Send + Sync>);
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Kept")
+    }
 }
 
 /// What an [`ObjectSource`] did since it started.
@@ -259,6 +287,16 @@ fn damaged(path: &std::path::Path, found: Option<&ObjectRef>) -> io::Error {
 }
 
 impl ObjectSource for BlobReader {
+    fn proven_stamp(&self, object: &ObjectRef) -> Option<Stamp> {
+        let open = lock(&self.open).peek(&object.sha256).cloned();
+        if let Some(open) = open {
+            let meta = open.blob.file().metadata().ok()?;
+            return (Stamp::of(&meta) == open.stamp).then_some(open.stamp);
+        }
+        let meta = std::fs::symlink_metadata(self.store.object_path(object)).ok()?;
+        (meta.is_file() && self.ledger.proves(object, &meta)).then(|| Stamp::of(&meta))
+    }
+
     fn stats(&self) -> SourceStats {
         let get = |i: usize| self.counts[i].load(Ordering::Relaxed);
         SourceStats {

@@ -248,7 +248,11 @@ impl Filling {
 pub struct ViewCache {
     config: ViewConfig,
     index: Arc<Mutex<Index>>,
-    jobs: Sender<Arc<Filling>>,
+    /// `None` once dropping.
+    jobs: Option<Sender<Arc<Filling>>>,
+    /// The build thread, joined on drop: its block under way ends, and with it its hold on the
+    /// object source (a lazy mount's fetcher says what it fetched as it is dropped).
+    builder: Option<std::thread::JoinHandle<()>>,
     /// Set when the cache is dropped or [`ViewCache::stop_building`] is called: builds under
     /// way stop and remove their files, and no other starts.
     stop: Arc<AtomicBool>,
@@ -257,6 +261,10 @@ pub struct ViewCache {
 impl Drop for ViewCache {
     fn drop(&mut self) {
         self.stop_building();
+        self.jobs = None;
+        if let Some(builder) = self.builder.take() {
+            let _ = builder.join();
+        }
     }
 }
 
@@ -310,7 +318,7 @@ impl ViewCache {
         };
         let (index, stop) = (builder.index.clone(), builder.stop.clone());
         let (jobs, queue) = mpsc::channel::<Arc<Filling>>();
-        std::thread::Builder::new()
+        let builder = std::thread::Builder::new()
             .name("tensorfs-views".into())
             .spawn(move || {
                 // Ends when the cache (the sender) is dropped.
@@ -321,7 +329,8 @@ impl ViewCache {
         Ok(ViewCache {
             config,
             index,
-            jobs,
+            jobs: Some(jobs),
+            builder: Some(builder),
             stop,
         })
     }
@@ -536,7 +545,8 @@ impl ViewCache {
             }),
             broken: OnceLock::new(),
         });
-        if self.jobs.send(filling.clone()).is_err() {
+        let sent = self.jobs.as_ref().map(|jobs| jobs.send(filling.clone()));
+        if !matches!(sent, Some(Ok(()))) {
             let _ = fs::remove_file(&filling.path);
             return Ok(None);
         }

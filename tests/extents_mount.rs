@@ -392,3 +392,177 @@ fn an_encoded_tensor_answers_with_its_parts_and_the_decoded_view_with_enodata() 
     drop((file, decoded));
     m.unmount();
 }
+
+/// The ABI 2 answer of `file`, parsed.
+fn described(file: &File) -> serde_json::Value {
+    serde_json::from_slice(&ioctl::query_file(file, "model.safetensors").unwrap()).unwrap()
+}
+
+/// Every part the whole-file answer of `doc` names: its blob bytes are the file's at its
+/// place; returns how many parts and extents were checked.
+fn check_parts(doc: &serde_json::Value, file: &File) -> (usize, usize) {
+    let store = Path::new(doc["store"].as_str().unwrap());
+    let blobs = doc["blobs"].as_array().unwrap();
+    let (mut parts, mut extents) = (0, 0);
+    for tensor in doc["tensors"].as_array().unwrap() {
+        for part in tensor["parts"].as_array().into_iter().flatten() {
+            parts += 1;
+            let mut at = part["begin"].as_u64().unwrap();
+            for e in part["extents"].as_array().unwrap() {
+                let [blob, offset, length, file_offset] =
+                    [0, 1, 2, 3].map(|i| e[i].as_u64().unwrap());
+                assert_eq!(file_offset, at, "extents follow each other in the file");
+                let hex = blobs[blob as usize][0].as_str().unwrap();
+                let object = ObjectRef {
+                    sha256: hex.parse().unwrap(),
+                    length: blobs[blob as usize][1].as_u64().unwrap(),
+                };
+                let mut direct = vec![0u8; length as usize];
+                File::open(store.join(object.blob_path()))
+                    .unwrap()
+                    .read_exact_at(&mut direct, offset)
+                    .unwrap();
+                let mut mounted = vec![0u8; length as usize];
+                file.read_exact_at(&mut mounted, file_offset).unwrap();
+                assert!(direct == mounted, "{}: {e}", tensor["key"]);
+                at += length;
+                extents += 1;
+            }
+            assert_eq!(at, part["end"].as_u64().unwrap(), "{}", tensor["key"]);
+        }
+    }
+    (parts, extents)
+}
+
+/// ABI 2: one query gives every tensor of the file with its parts' extents (paged: 201
+/// extents do not fit one page), the blobs once each with the stamps of those the daemon
+/// proved, and the ABI 1 commands still answer.
+#[test]
+fn the_whole_file_query_gives_every_tensor_and_its_blobs_stamps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    many_chunks(&store);
+    let m = mount(&store);
+    let file = File::open(m.path(FILE)).unwrap();
+    let doc = described(&file);
+    let text = ioctl::query_file(&file, "model.safetensors").unwrap();
+    assert!(
+        text.len() > ioctl::FILE_PAGE_BYTES,
+        "the answer takes more than one page: {} bytes",
+        text.len()
+    );
+    assert_eq!(doc["abi"], 2);
+    let keys: Vec<&str> = doc["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["small.weight", "big.weight", "tail.bias"]);
+    assert_eq!(doc["tensors"][1]["dtype"], "F32");
+    assert_eq!(doc["tensors"][1]["shape"], serde_json::json!([401, 512]));
+    assert!(doc["tensors"][1]["encoding"].is_null());
+    assert_eq!(check_parts(&doc, &file), (3, 1 + BIG_CHUNKS + 1));
+    let blobs = doc["blobs"].as_array().unwrap();
+    assert_eq!(blobs.len(), 202, "each chunk once");
+    // The reads above proved the blobs: their stamps are their inodes'.
+    let doc = described(&File::open(m.path(FILE)).unwrap());
+    for blob in doc["blobs"].as_array().unwrap() {
+        let object = ObjectRef {
+            sha256: blob[0].as_str().unwrap().parse().unwrap(),
+            length: blob[1].as_u64().unwrap(),
+        };
+        let meta = std::fs::metadata(store.object_path(&object)).unwrap();
+        let stamp = tensorfs::store::verified::Stamp::of(&meta).fields();
+        let said: Vec<i128> = blob[2]
+            .as_array()
+            .unwrap_or_else(|| panic!("no stamp for a proven blob: {blob}"))
+            .iter()
+            .map(|v| i128::from(v.as_i64().unwrap()))
+            .collect();
+        assert_eq!(said, stamp, "{blob}");
+    }
+    // Malformed: a wrong version, a reserved field, answer fields not zero.
+    let mut buf = vec![0u8; ioctl::FILE_BYTES];
+    buf[..4].copy_from_slice(&1u32.to_le_bytes());
+    // SAFETY: `buf` is the command's struct, exactly the size its number encodes.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), ioctl::FILE as _, buf.as_mut_ptr()) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPROTO)
+    );
+    buf[..4].copy_from_slice(&2u32.to_le_bytes());
+    buf[20] = 1;
+    // SAFETY: as above.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), ioctl::FILE as _, buf.as_mut_ptr()) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EINVAL)
+    );
+    // A page past the end is empty, not an error.
+    let mut buf = vec![0u8; ioctl::FILE_BYTES];
+    buf[..4].copy_from_slice(&2u32.to_le_bytes());
+    buf[4..8].copy_from_slice(&99u32.to_le_bytes());
+    // SAFETY: as above.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), ioctl::FILE as _, buf.as_mut_ptr()) };
+    assert_eq!(r, 0);
+    assert_eq!(u64_at(&buf, 16), text.len() as u64);
+    assert_eq!(u32_at(&buf, 24), 0);
+    // ABI 1 still answers.
+    let big = ioctl::query(&file, "model.safetensors", "big.weight").unwrap();
+    assert_eq!(big.extents.len(), BIG_CHUNKS);
+    // Not a safetensors file of a lane.
+    let readme = File::open(m.path("local/many/1.0/f32/config.json")).unwrap();
+    let err = ioctl::query_file(&readme, "config.json").unwrap_err();
+    assert_eq!(err.errno(), Some(libc::EOPNOTSUPP), "{err}");
+    drop((file, readme));
+    m.unmount();
+}
+
+/// ABI 2 on an encoded lane gives the parts of each encoded tensor with its scheme; on its
+/// decoded view, the decoded tensor is marked so (read it from the file) and plain ones keep
+/// their extents.
+#[test]
+fn the_whole_file_query_marks_what_a_decoded_view_decodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let mut chunk = floats(512, 1);
+    chunk.resize(4096, 0);
+    chunk.extend_from_slice(&floats(32, 2));
+    let chunks = vec![store.put_bytes(&chunk).unwrap()];
+    let tensors = vec![
+        plain("dense.weight", Dtype::F32, vec![16, 32], 0, 0, 2048),
+        plain("dense.bias", Dtype::F32, vec![32], 0, 4096, 128),
+    ];
+    let source = put_commit(&store, "local/q", chunks, tensors);
+    let source = store.commit(&source).unwrap();
+    let report =
+        tensorfs::quantize::quantize(&store, &source, "int8.rowwise", "local/q", "int8").unwrap();
+    let hex = report.commit.strip_prefix("sha256:").unwrap().to_owned();
+    let m = mount(&store);
+    let lane = File::open(m.path(&format!("local/q/{hex}/int8/model.safetensors"))).unwrap();
+    let doc = described(&lane);
+    let weight = &doc["tensors"][0];
+    assert_eq!(weight["key"], "dense.weight");
+    assert_eq!(weight["encoding"]["scheme"], "int8.rowwise");
+    assert_eq!(weight["encoding"]["params"], serde_json::json!({}));
+    assert_eq!(weight["parts"].as_array().unwrap().len(), 2);
+    assert_eq!(check_parts(&doc, &lane), (3, 3));
+    let decoded =
+        File::open(m.path(&format!("local/q/{hex}/int8@decoded/model.safetensors"))).unwrap();
+    let doc = described(&decoded);
+    let weight = &doc["tensors"][0];
+    assert_eq!(weight["decoded"], true, "{doc}");
+    assert_eq!(weight["scheme"], "int8.rowwise");
+    assert!(weight.get("parts").is_none());
+    let (begin, end) = (
+        weight["begin"].as_u64().unwrap(),
+        weight["end"].as_u64().unwrap(),
+    );
+    assert_eq!(end - begin, 16 * 32 * 4, "the decoded F32 bytes");
+    assert_eq!(check_parts(&doc, &decoded), (1, 1), "the bias");
+    drop((lane, decoded));
+    m.unmount();
+}

@@ -485,3 +485,42 @@ fn a_mount_started_over_its_cache_budget_brings_the_cache_within_it() {
     m.unmount();
     store_is_clean(&local);
 }
+
+/// ABI 2 of the extents ioctl on a lazy mount: the whole-file query fetches the file's chunks
+/// before it answers (the caller reads the blobs itself), and keeps them while the file is
+/// open, even when reads of another file evict everything else.
+#[test]
+fn a_whole_file_query_fetches_its_chunks_and_keeps_them_while_open() {
+    let origin = Origin::start("kept", 10, Size::Wide);
+    let local = origin.local_store("local");
+    let budget: u64 = 56 << 20;
+    let m = mount_with(&local, |config| {
+        let mut remote = LazyConfig::new(&origin.proxy.url);
+        remote.cache_size = Some(budget);
+        config.remote = Some(remote);
+    });
+    let b = std::fs::File::open(origin.mounted(&m.root, "b.safetensors")).unwrap();
+    let chunk = origin.chunks["b.safetensors"][0];
+    assert!(!local.contains(&chunk), "nothing fetched yet");
+    let text = tensorfs::extents::ioctl::query_file(&b, "b.safetensors").unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(doc["blobs"][0][0], chunk.sha256.hex(), "{doc}");
+    assert!(local.contains(&chunk), "fetched before the answer");
+    assert_eq!(origin.proxy.gets(&chunk.sha256.hex()), 1);
+    // a is larger than the budget: reading it evicts what it can, never b's kept chunk.
+    let a = std::fs::File::open(origin.mounted(&m.root, "a.safetensors")).unwrap();
+    assert!(read_uncached(&a) == origin.files["a.safetensors"]);
+    let status = fuse_support::status(&m.root);
+    assert!(status["cache"]["evicted"].as_u64().unwrap() > 0, "{status}");
+    assert!(local.contains(&chunk), "kept while b is open: {status}");
+    let path = local.object_path(&chunk);
+    let mut bytes = vec![0u8; chunk.length as usize];
+    std::fs::File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut bytes, 0)
+        .unwrap();
+    assert_eq!(tensorfs::format::ObjectRef::of(&bytes), chunk);
+    drop((a, b));
+    m.unmount();
+    store_is_clean(&local);
+}

@@ -3,17 +3,19 @@
 A `.safetensors` file of a TensorFS mount is synthesized from chunk blobs of the store. Read
 through the mount, every byte crosses FUSE (4 KiB pages, a copy each, on the kernels we
 target); read from the blobs, none does. For such a file, `safe_open` parses the header (a few
-KiB through the mount), asks the daemon where each tensor lies (the extents ioctl), and builds
-the tensor from the blob itself:
+KiB through the mount), asks the daemon where every tensor lies in one query (the extents
+ioctl's ABI 2; a tensor at a time from a daemon that speaks only ABI 1), and builds the tensor
+from the blob itself:
 
 - a tensor inside one blob (most: chunks are 64 MiB) is a private, copy-on-write mapping of
   the blob's range, as safetensors' own tensors are of the file (`backend="mmap"`, the default),
   or a read into new memory (`backend="pread"`);
 - a tensor spanning blobs is read into new memory, piece by piece.
 
-Each blob's bytes are proven before use (the store's verification ledger shows it unchanged
-since it was hashed, or it is hashed now, once per process), so a damaged blob is an error,
-never wrong values.
+Each blob's bytes are proven before use (its inode is the one the daemon proved, or the store's
+verification ledger shows it unchanged since it was hashed, or it is hashed now, once per
+process), so a damaged blob is an error, never wrong values. A tensor a decoded view
+(`<lane>@decoded`) decodes as it is read has no blob bytes: safetensors reads it from the file.
 
 Anything else is safetensors itself, with its own errors: a file on another filesystem, a
 store this process cannot read (a container that binds only the mount), a framework other than
@@ -122,6 +124,11 @@ class safe_open:
         self._inner = None
         self._fast = False
         self._fd = None
+        # ABI 2: (begin, end) in the file → (extents, stamps) of the part there, and the
+        # ranges of decoded tensors; None with an ABI 1 daemon (a query per tensor).
+        self._parts = None
+        self._decoded = set()
+        self._store = None
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
         if framework in ("pt", "torch", "numpy", "np"):
@@ -143,14 +150,35 @@ class safe_open:
         # daemon (which holds the file's objects while it is open).
         self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            located = _native.locate(self._fd, self._path, name)
-        except OSError:
-            located = None
-        if located is None:
+            text = _native.describe(self._fd, self._path)
+            if text is not None:
+                self._index(json.loads(text))
+                store = self._store
+            else:
+                located = _native.locate(self._fd, self._path, name)
+                store = located["store"] if located is not None else False
+        except (OSError, ValueError, KeyError, TypeError):
+            store = False
+        if store is False:
             self._close()
             return False
-        store = located["store"]
         return store is None or os.access(os.path.join(store, "blobs"), os.R_OK | os.X_OK)
+
+    def _index(self, doc):
+        """Takes the daemon's whole-file answer (docs/extents.md, ABI 2)."""
+        blobs = doc["blobs"]
+        self._store = doc["store"]
+        self._parts = {}
+        for tensor in doc["tensors"]:
+            if tensor.get("decoded"):
+                self._decoded.add((tensor["begin"], tensor["end"]))
+                continue
+            for part in tensor["parts"]:
+                extents = []
+                for blob, offset, length, file_offset in part["extents"]:
+                    sha, blob_length, stamp = blobs[blob]
+                    extents.append((sha, blob_length, offset, length, file_offset, stamp))
+                self._parts[(part["begin"], part["end"])] = extents
 
     def _safetensors(self):
         if self._inner is None:
@@ -214,6 +242,9 @@ class safe_open:
         count = end - begin
         if count == 0:
             return self._empty(dtype, shape)
+        if (begin, end) in self._decoded:
+            # Decoded as it is read: no blob holds these bytes.
+            return self._safetensors().get_tensor(name)
         buffer, offset = self._bytes(name, begin, end)
         items = count // _ELEMENT_BYTES[dtype_name]
         if torch:
@@ -242,18 +273,15 @@ class safe_open:
         what = f"{self._path}: tensor {name!r}"
         if self._fd is None:
             raise SafetensorError("File is closed")
-        located = _native.locate(self._fd, self._path, name)
-        if located is None:
-            raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
-        # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.
-        part = next((p for p in located["parts"] if (p["begin"], p["end"]) == (begin, end)), None)
-        if part is None:
+        if self._parts is not None:
+            extents, store = self._parts.get((begin, end)), self._store
+        else:
+            extents, store = self._locate(name, begin, end, what)
+        if extents is None:
             raise OSError(errno.EIO, f"{what}: the daemon locates no part at bytes {begin}..{end}")
-        extents = part["extents"]
-        store = located["store"]
         if len(extents) == 1 and self._backend == "mmap":
-            sha, blob_length, offset, length, _ = extents[0]
-            fd = _native.open_blob(store, sha, blob_length, what)
+            sha, blob_length, offset, length, _, stamp = extents[0]
+            fd = _native.open_blob(store, sha, blob_length, what, stamp)
             try:
                 start = offset - offset % mmap.ALLOCATIONGRANULARITY
                 mapping = mmap.mmap(
@@ -262,8 +290,19 @@ class safe_open:
             finally:
                 os.close(fd)
             return mapping, offset - start
-        pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _ in extents]
+        pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
         return _native.read(store, pieces, end - begin, what), 0
+
+    def _locate(self, name: str, begin: int, end: int, what: str):
+        """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor."""
+        located = _native.locate(self._fd, self._path, name)
+        if located is None:
+            raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
+        # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.
+        part = next((p for p in located["parts"] if (p["begin"], p["end"]) == (begin, end)), None)
+        if part is None:
+            return None, located["store"]
+        return [(*e, None) for e in part["extents"]], located["store"]
 
 
 def load_file(filename, device="cpu", *, backend: str = "mmap"):

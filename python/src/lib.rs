@@ -135,21 +135,60 @@ fn locate(py: Python<'_>, fd: i32, path: &str, name: &str) -> PyResult<Option<Py
     Ok(Some(out.unbind()))
 }
 
+/// Every tensor of the mounted file open as descriptor `fd` (named `path` in errors) and where
+/// its bytes lie, in one query (the extents ioctl's ABI 2): the daemon's JSON text
+/// (`docs/extents.md`), which also keeps the file's blobs present while `fd` stays open.
+/// `None` when the file is not a TensorFS file or its daemon speaks only ABI 1 (`ENOTTY`).
+///
+/// # Errors
+/// `OSError` with the ioctl's errno, naming the file.
+#[pyfunction]
+fn describe(py: Python<'_>, fd: i32, path: &str) -> PyResult<Option<String>> {
+    // SAFETY: borrowed for the call; the caller owns and closes `fd`.
+    let file = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+    match py.detach(|| ioctl::query_file(&file, path)) {
+        Ok(text) => String::from_utf8(text)
+            .map(Some)
+            .map_err(|_| os_error(libc::EIO, format!("{path}: the description is not UTF-8"))),
+        Err(e) => match e.errno() {
+            Some(libc::ENOTTY) => Ok(None),
+            Some(errno) => Err(os_error(errno, e.to_string())),
+            None => Err(os_error(libc::EIO, e.to_string())),
+        },
+    }
+}
+
 /// A new read-only descriptor of the blob `sha256` (`length` bytes) of the store at `store`,
-/// its bytes proven first; the caller closes it. `what` names the file and tensor in errors.
+/// its bytes proven first: by `stamp` (`[st_dev, st_ino, st_size, mtime ns, ctime ns]`, the
+/// daemon's proof in its whole-file answer) when the blob's own `fstat` matches it, else by
+/// the store's ledger or by hashing. The caller closes it. `what` names the file and tensor in
+/// errors.
 ///
 /// # Errors
 /// `OSError`: the store or blob cannot be read (`EACCES`, `ENOENT`), or the blob is damaged
 /// (`EIO`, saying what to run).
 #[pyfunction]
+#[pyo3(signature = (store, sha256, length, what, stamp=None))]
 fn open_blob(
     py: Python<'_>,
     store: PathBuf,
     sha256: &str,
     length: u64,
     what: &str,
+    stamp: Option<[i64; 5]>,
 ) -> PyResult<i32> {
     let object = object(sha256, length)?;
+    if let Some(stamp) = stamp {
+        let path = store.join(object.blob_path());
+        if let Ok(file) = File::open(&path) {
+            if let Ok(meta) = file.metadata() {
+                let found = tensorfs::store::verified::Stamp::of(&meta).fields();
+                if found.iter().zip(stamp).all(|(&a, b)| a == i128::from(b)) {
+                    return Ok(file.into_raw_fd());
+                }
+            }
+        }
+    }
     let reader = reader(&store)?;
     let file = py
         .detach(|| reader.proven_file(&object))
@@ -209,6 +248,7 @@ fn read(
 /// The module `cozytensors._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(locate, m)?)?;
     m.add_function(wrap_pyfunction!(open_blob, m)?)?;
     m.add_function(wrap_pyfunction!(read, m)?)?;

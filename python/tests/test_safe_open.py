@@ -263,3 +263,60 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
         assert raised.value.errno == errno.EIO
     finally:
         subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)
+
+
+def test_one_whole_file_query_serves_every_tensor(mounted, monkeypatch):
+    """ABI 2: the daemon's one answer at open locates every tensor; no query per tensor."""
+    fd = os.open(mounted["file"], os.O_RDONLY)
+    try:
+        doc = json.loads(_native.describe(fd, str(mounted["file"])))
+    finally:
+        os.close(fd)
+    assert doc["abi"] == 2
+    assert {t["key"] for t in doc["tensors"]} == set(_tensors())
+    def no_query(*_):
+        raise AssertionError("a query per tensor")
+    monkeypatch.setattr(_native, "locate", no_query)
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        assert ours._fast
+        for name, expected in _tensors().items():
+            assert same(ours.get_tensor(name), expected), name
+
+
+def test_a_decoded_views_tensors_equal_the_files_own(tmp_path):
+    """In <lane>@decoded an encoded tensor has no blob bytes: it comes from the file, as
+    safetensors reads it; plain tensors still come from the blobs."""
+    _prerequisites()
+    source = tmp_path / "model.safetensors"
+    g = torch.Generator().manual_seed(3)
+    save_file(
+        {"dense.weight": torch.randn(64, 256, generator=g), "dense.bias": torch.randn(64, generator=g)},
+        str(source),
+    )
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    tensorfs(store, "import", source, "--name", "local/q")
+    tensorfs(store, "quantize", "local/q", "--scheme", "int8.rowwise", "--name", "local/q")
+    mnt.mkdir()
+    tensorfs(store, "mount", mnt, "--log-file", tmp_path / "mount.log")
+    try:
+        lanes = os.listdir(mnt / "local/q/latest")
+        assert "int8.rowwise@decoded" in lanes or any(l.endswith("@decoded") for l in lanes), lanes
+        decoded = next(l for l in lanes if l.endswith("@decoded"))
+        file = mnt / "local/q/latest" / decoded / "model.safetensors"
+        with cozytensors.safe_open(file, framework="pt") as ours, safetensors.safe_open(
+            file, framework="pt"
+        ) as theirs:
+            assert ours._fast
+            assert ours.keys() == theirs.keys()
+            for name in theirs.keys():
+                assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
+        # The lane itself: its parts, as the file shows them.
+        plain = mnt / "local/q/latest" / decoded.removesuffix("@decoded") / "model.safetensors"
+        with cozytensors.safe_open(plain, framework="pt") as ours, safetensors.safe_open(
+            plain, framework="pt"
+        ) as theirs:
+            assert ours._fast
+            for name in theirs.keys():
+                assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
+    finally:
+        subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)

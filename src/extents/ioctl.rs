@@ -1,6 +1,7 @@
-//! The extents ioctl, ABI version 1: the query of [`super::FileTensors::locate`] on an open
-//! `.safetensors` file of the mount. Documented in `docs/extents.md`; C declarations in
-//! `packaging/tensorfs_extents.h`.
+//! The extents ioctl: ABI version 1, the query of [`super::FileTensors::locate`] on an open
+//! `.safetensors` file of the mount, and ABI version 2, [`FILE`]: every tensor of the file in
+//! one answer ([`super::FileTensors::locate_all`], as JSON). Documented in `docs/extents.md`; C
+//! declarations in `packaging/tensorfs_extents.h`.
 //!
 //! FUSE passes only restricted ioctls: the command number encodes its direction and payload
 //! size (at most 16383 bytes each way), so every command is `_IOWR(0xE7, nr, struct)` on a
@@ -12,6 +13,7 @@
 //! | [`TENSOR`] | 1 | [`TENSOR_BYTES`] | page of the params JSON | key, logical dtype and shape, counts, encoding, store root |
 //! | [`PART`] | 2 | [`PART_BYTES`] | part | role, stored dtype and shape, file range, its extents' span |
 //! | [`EXTENTS`] | 3 | [`EXTENTS_BYTES`] | page of extents | up to [`EXTENTS_PER_PAGE`] extents, and the total |
+//! | [`FILE`] (ABI 2) | 4 | [`FILE_BYTES`] | page of the answer | up to [`FILE_PAGE_BYTES`] bytes of the file's JSON ([`describe`]), and its length |
 //!
 //! Integers are little-endian (the machine's order on every architecture this serves);
 //! strings are UTF-8, NUL-padded in fixed fields. Command numbers use the asm-generic ioctl
@@ -25,7 +27,9 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
-use super::{Encoding, Extent, LocateError, Located, Part};
+use serde_json::{json, Value};
+
+use super::{Encoding, Extent, FileTensor, LocateError, Located, Part};
 use crate::format::{Dtype, ObjectRef, Sha256};
 
 /// The ABI version this build speaks; a query carrying another is refused with `EPROTO`.
@@ -50,6 +54,10 @@ pub const PARAMS_PAGE_BYTES: usize = 4096;
 pub const EXTENTS_PER_PAGE: usize = 128;
 /// [`TENSOR`] answer flag: the tensor is encoded (its parts are not its logical bytes).
 pub const FLAG_ENCODED: u32 = 1;
+/// The ABI version of [`FILE`], put in its `abi_version`.
+pub const FILE_ABI_VERSION: u32 = 2;
+/// Bytes of the answer one [`FILE`] page carries.
+pub const FILE_PAGE_BYTES: usize = 16320;
 
 /// Size of the query that starts every command's struct.
 pub const QUERY_BYTES: usize = 16 + NAME_BYTES;
@@ -61,6 +69,8 @@ pub const PART_BYTES: usize = P_N_EXTENTS + 8;
 pub const EXTENT_BYTES: usize = 104;
 /// Size of `struct tensorfs_extents`.
 pub const EXTENTS_BYTES: usize = E_LIST + EXTENTS_PER_PAGE * EXTENT_BYTES;
+/// Size of `struct tensorfs_file`.
+pub const FILE_BYTES: usize = F_BYTES + FILE_PAGE_BYTES;
 
 /// `_IOWR(MAGIC, nr, size)` in the asm-generic layout.
 const fn iowr(nr: u32, size: usize) -> u32 {
@@ -73,6 +83,8 @@ pub const TENSOR: u32 = iowr(1, TENSOR_BYTES);
 pub const PART: u32 = iowr(2, PART_BYTES);
 /// `TENSORFS_IOC_EXTENTS`: a page of extents.
 pub const EXTENTS: u32 = iowr(3, EXTENTS_BYTES);
+/// `TENSORFS_IOC_FILE` (ABI 2): a page of the file's description.
+pub const FILE: u32 = iowr(4, FILE_BYTES);
 
 // Field offsets. The query: abi_version u32, index u32, reserved u64, name[NAME_BYTES].
 const Q_VERSION: usize = 0;
@@ -114,12 +126,23 @@ const X_BLOB_LENGTH: usize = 72;
 const X_OFFSET: usize = 80;
 const X_LENGTH: usize = 88;
 const X_FILE_OFFSET: usize = 96;
+// struct tensorfs_file: abi_version u32, page u32, reserved u64, total u64, count u32,
+// reserved u32, bytes[FILE_PAGE_BYTES].
+const F_PAGE: usize = 4;
+const F_TOTAL: usize = 16;
+const F_COUNT: usize = 24;
+const F_BYTES: usize = 32;
 
 const _: () = assert!(QUERY_BYTES == 1040);
 const _: () = assert!(TENSOR_BYTES == 10440);
 const _: () = assert!(PART_BYTES == 1224);
 const _: () = assert!(EXTENTS_BYTES == 14368);
 const _: () = assert!(X_FILE_OFFSET + 8 == EXTENT_BYTES);
+const _: () = assert!(FILE_BYTES == 16352);
+const _: () = assert!(
+    FILE_BYTES < 1 << 14,
+    "FUSE passes at most 16383 bytes each way"
+);
 const _: () = assert!(
     EXTENTS_BYTES < 1 << 14,
     "FUSE passes at most 16383 bytes each way"
@@ -134,6 +157,8 @@ pub enum Command {
     Part,
     /// [`EXTENTS`].
     Extents,
+    /// [`FILE`] (ABI 2).
+    File,
 }
 
 impl Command {
@@ -143,6 +168,7 @@ impl Command {
             TENSOR => Some(Command::Tensor),
             PART => Some(Command::Part),
             EXTENTS => Some(Command::Extents),
+            FILE => Some(Command::File),
             _ => None,
         }
     }
@@ -153,6 +179,7 @@ impl Command {
             Command::Tensor => TENSOR,
             Command::Part => PART,
             Command::Extents => EXTENTS,
+            Command::File => FILE,
         }
     }
 
@@ -162,6 +189,7 @@ impl Command {
             Command::Tensor => TENSOR_BYTES,
             Command::Part => PART_BYTES,
             Command::Extents => EXTENTS_BYTES,
+            Command::File => FILE_BYTES,
         }
     }
 }
@@ -173,8 +201,11 @@ pub enum IoctlError {
     /// unterminated or not UTF-8, or the part index is past the last part (`EINVAL`).
     #[error("malformed extents query: {0}")]
     Malformed(String),
-    /// The query carries another ABI version (`EPROTO`).
-    #[error("extents ABI version {0} is not supported (this daemon speaks {ABI_VERSION})")]
+    /// The query carries another ABI version than its command's (`EPROTO`).
+    #[error(
+        "extents ABI version {0} is not supported by this command (this daemon speaks \
+         {ABI_VERSION}, and {FILE_ABI_VERSION} for the whole-file query)"
+    )]
     Version(u32),
     /// An answer field cannot hold the value: rank over [`MAX_RANK`], a long dtype, role,
     /// scheme, key or store root (`EOVERFLOW`).
@@ -204,7 +235,7 @@ pub struct Query {
     pub command: Command,
     /// The page or part it asks for.
     pub index: u32,
-    /// The tensor name.
+    /// The tensor name (empty for [`Command::File`]).
     pub name: String,
     /// The struct as received, which the answer fills in.
     bytes: Vec<u8>,
@@ -225,11 +256,28 @@ impl Query {
             )));
         }
         let version = get_u32(input, Q_VERSION);
-        if version != ABI_VERSION {
+        let speaks = match command {
+            Command::File => FILE_ABI_VERSION,
+            _ => ABI_VERSION,
+        };
+        if version != speaks {
             return Err(IoctlError::Version(version));
         }
         if get_u64(input, Q_RESERVED) != 0 {
             return Err(IoctlError::Malformed("the reserved field is not 0".into()));
+        }
+        if command == Command::File {
+            if input[F_TOTAL..F_BYTES].iter().any(|&b| b != 0) {
+                return Err(IoctlError::Malformed(
+                    "the answer's fields are not 0".into(),
+                ));
+            }
+            return Ok(Query {
+                command,
+                index: get_u32(input, F_PAGE),
+                name: String::new(),
+                bytes: input.to_vec(),
+            });
         }
         let field = &input[Q_NAME..Q_NAME + NAME_BYTES];
         let end = field.iter().position(|&b| b == 0).ok_or_else(|| {
@@ -254,6 +302,11 @@ impl Query {
     /// # Errors
     /// [`IoctlError::Overflow`]; [`IoctlError::Malformed`] for a part index past the last.
     pub fn answer(&self, located: &Located, store_root: &str) -> Result<Vec<u8>, IoctlError> {
+        if self.command == Command::File {
+            return Err(IoctlError::Malformed(
+                "the whole-file query is answered from the file's description".into(),
+            ));
+        }
         let mut out = self.bytes.clone();
         put_u32(&mut out, Q_VERSION, ABI_VERSION);
         let index = self.index as usize;
@@ -312,6 +365,8 @@ impl Query {
                 put_u64(&mut out, P_FIRST_EXTENT, part.extents.start as u64);
                 put_u64(&mut out, P_N_EXTENTS, part.extents.len() as u64);
             }
+            // Refused above.
+            Command::File => {}
             Command::Extents => {
                 let page = located.page(u64::from(self.index), EXTENTS_PER_PAGE);
                 put_u64(&mut out, E_TOTAL, located.extents.len() as u64);
@@ -330,6 +385,95 @@ impl Query {
         }
         Ok(out)
     }
+
+    /// The answer to this [`Command::File`] query: page `index` of `description` (the file's
+    /// [`describe`] text) and its length; an empty page past the end.
+    pub fn answer_file(&self, description: &[u8]) -> Vec<u8> {
+        let mut out = self.bytes.clone();
+        let start = (self.index as usize)
+            .saturating_mul(FILE_PAGE_BYTES)
+            .min(description.len());
+        let page = &description[start..(start + FILE_PAGE_BYTES).min(description.len())];
+        put_u64(&mut out, F_TOTAL, description.len() as u64);
+        put_u32(&mut out, F_COUNT, page.len() as u32);
+        out[F_BYTES..F_BYTES + page.len()].copy_from_slice(page);
+        out
+    }
+}
+
+/// The whole-file answer of ABI 2 ([`FILE`]), a JSON object (UTF-8, `docs/extents.md`):
+///
+/// - `abi`: 2; `store`: the store's root; `blobs`: every blob the extents name, once, as
+///   `[sha256 hex, length, stamp]`, where the stamp is `[st_dev, st_ino, st_size, mtime ns,
+///   ctime ns]` of the blob as the daemon proved it (`null` when it has not: hash the bytes);
+/// - `tensors`, in the component's order: `key`, `dtype` and `shape` (logical), `encoding`
+///   (`null`, or `{"scheme", "params"}`), and `parts`, each `role`, `dtype`, `shape`, `begin`
+///   and `end` (absolute offsets in the file) and `extents`: `[blob index, offset in the blob,
+///   length, offset in the file]`, in file order. A tensor a decoded view decodes has
+///   `"decoded": true`, its scheme, `begin` and `end`, and no parts: read it from the file.
+///
+/// `stamp` gives a blob's proven stamp ([`crate::io::ObjectSource::proven_stamp`]).
+pub fn describe(
+    tensors: &[FileTensor],
+    store_root: &str,
+    stamp: &dyn Fn(&ObjectRef) -> Option<[i128; 5]>,
+) -> Vec<u8> {
+    let mut blobs: Vec<Value> = Vec::new();
+    let mut index_of: std::collections::HashMap<Sha256, usize> = Default::default();
+    let mut out = Vec::with_capacity(tensors.len());
+    for tensor in tensors {
+        match tensor {
+            FileTensor::Decoded {
+                key,
+                scheme,
+                file_range,
+            } => out.push(json!({
+                "key": key, "decoded": true, "scheme": scheme,
+                "begin": file_range.start, "end": file_range.end,
+            })),
+            FileTensor::Stored(located) => {
+                let parts: Vec<Value> = located
+                    .parts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, part)| {
+                        let extents: Vec<Value> = located
+                            .part_extents(i)
+                            .iter()
+                            .map(|e| {
+                                let at = *index_of.entry(e.blob.sha256).or_insert_with(|| {
+                                    let stamp = stamp(&e.blob)
+                                        .map(|s| json!(s.map(|v| v as i64)))
+                                        .unwrap_or(Value::Null);
+                                    blobs.push(json!([e.blob.sha256.hex(), e.blob.length, stamp]));
+                                    blobs.len() - 1
+                                });
+                                json!([at, e.offset, e.length, e.file_offset])
+                            })
+                            .collect();
+                        json!({
+                            "role": part.role, "dtype": part.dtype.name(), "shape": part.shape,
+                            "begin": part.file_range.start, "end": part.file_range.end,
+                            "extents": extents,
+                        })
+                    })
+                    .collect();
+                let encoding = match &located.encoding {
+                    None => Value::Null,
+                    Some(e) => json!({
+                        "scheme": e.scheme,
+                        "params": serde_json::from_str::<Value>(&e.params).unwrap_or(Value::Null),
+                    }),
+                };
+                out.push(json!({
+                    "key": located.key, "dtype": located.dtype.name(), "shape": located.shape,
+                    "encoding": encoding, "parts": parts,
+                }));
+            }
+        }
+    }
+    let doc = json!({"abi": FILE_ABI_VERSION, "store": store_root, "blobs": blobs, "tensors": out});
+    doc.to_string().into_bytes()
 }
 
 /// Why [`query`] failed; messages name the file and tensor.
@@ -353,6 +497,14 @@ pub enum QueryError {
         /// The tensor asked for.
         tensor: String,
     },
+    /// The whole-file query ([`query_file`]) failed with `errno`.
+    #[error("{file}: {}", meaning(*errno))]
+    File {
+        /// The file queried.
+        file: String,
+        /// The error number.
+        errno: i32,
+    },
     /// The daemon's answer breaks the ABI.
     #[error("{file}: tensor {tensor:?}: malformed answer: {why}")]
     Malformed {
@@ -369,10 +521,53 @@ impl QueryError {
     /// The errno of a failed ioctl, if that is what failed.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            QueryError::Errno { errno, .. } => Some(*errno),
+            QueryError::Errno { errno, .. } | QueryError::File { errno, .. } => Some(*errno),
             _ => None,
         }
     }
+}
+
+/// The client's side of ABI 2: the [`describe`] text of `file`, an open file of a mount (named
+/// `path` in errors), read page by page with [`FILE`].
+///
+/// # Errors
+/// [`QueryError::File`] with the ioctl's errno (`ENOTTY`: not a TensorFS file, or a daemon
+/// that speaks only ABI 1); [`QueryError::Malformed`] when the pages disagree.
+pub fn query_file(file: &File, path: &str) -> Result<Vec<u8>, QueryError> {
+    let mut text: Vec<u8> = Vec::new();
+    let mut total = None;
+    for page in 0u32.. {
+        let mut buf = vec![0u8; FILE_BYTES];
+        put_u32(&mut buf, Q_VERSION, FILE_ABI_VERSION);
+        put_u32(&mut buf, F_PAGE, page);
+        // SAFETY: the command's struct is `buf`, exactly the size its number encodes.
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), FILE as _, buf.as_mut_ptr()) };
+        if r != 0 {
+            return Err(QueryError::File {
+                file: path.to_owned(),
+                errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+            });
+        }
+        let length = get_u64(&buf, F_TOTAL);
+        let count = (get_u32(&buf, F_COUNT) as usize).min(FILE_PAGE_BYTES);
+        if *total.get_or_insert(length) != length || (count == 0 && (text.len() as u64) < length) {
+            return Err(QueryError::Malformed {
+                file: path.to_owned(),
+                tensor: String::new(),
+                why: format!("page {page} of the file's description disagrees with the first"),
+            });
+        }
+        text.extend_from_slice(&buf[F_BYTES..F_BYTES + count]);
+        if text.len() as u64 >= length {
+            text.truncate(length as usize);
+            return Ok(text);
+        }
+    }
+    Err(QueryError::Malformed {
+        file: path.to_owned(),
+        tensor: String::new(),
+        why: "the file's description does not end".into(),
+    })
 }
 
 /// What an errno of an extents command means.

@@ -21,11 +21,11 @@ use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, LaneRef, Opened, XattrReply,
     ROOT_INO, SEQUENTIAL_SLACK_BYTES,
 };
-use crate::extents::ioctl::{Command, IoctlError, Query};
-use crate::extents::{FileTensors, LocateError};
+use crate::extents::ioctl::{describe, Command, IoctlError, Query};
+use crate::extents::{FileTensor, FileTensors, LocateError};
 use crate::format::{ObjectRef, Sha256};
-use crate::io::ObjectSource;
 use crate::io::{BlobReader, BlobReaderConfig};
+use crate::io::{Kept, ObjectSource};
 use crate::layout::{attrs, Content, LaneView};
 use crate::revisions;
 use crate::store::retention::Hold;
@@ -54,6 +54,10 @@ struct OpenFile {
     read_end: AtomicU64,
     /// The file's tensors indexed on the first extents query (files never change).
     tensors: OnceLock<Result<Arc<FileTensors>, LocateError>>,
+    /// The file's whole-file answer (ABI 2), made on its first query, and what keeps the blobs
+    /// it names present while the handle is open: the reader reads them itself. A failed
+    /// query (a lazy mount's fetch) is not kept; the next tries again.
+    described: OnceLock<(Vec<u8>, Kept)>,
 }
 
 #[derive(Debug, Clone)]
@@ -373,6 +377,7 @@ impl TensorFs {
             content: file.content.clone(),
             read_end: AtomicU64::new(NO_READ),
             tensors: OnceLock::new(),
+            described: OnceLock::new(),
         };
         let backing = self.backing(&open.content);
         self.retain(&lane_ref.commit);
@@ -603,6 +608,14 @@ impl TensorFs {
             .catalog
             .store_root()
             .unwrap_or(std::path::Path::new(""));
+        if command == Command::File {
+            if let Some((description, _)) = file.described.get() {
+                return Ok(query.answer_file(description));
+            }
+            let described = self.describe(&file, tensors, root)?;
+            let description = &file.described.get_or_init(|| described).0;
+            return Ok(query.answer_file(description));
+        }
         let located = tensors
             .locate(root, &query.name)
             .map_err(IoctlError::from)?;
@@ -610,6 +623,37 @@ impl TensorFs {
             IoctlError::Overflow(format!("the store root {} is not UTF-8", root.display()))
         })?;
         Ok(query.answer(&located, root)?)
+    }
+
+    /// The whole-file answer of open `file` (ABI 2), once every blob it names is present and
+    /// kept so while the handle is open.
+    fn describe(
+        &self,
+        file: &OpenFile,
+        tensors: &FileTensors,
+        root: &std::path::Path,
+    ) -> FsResult<(Vec<u8>, Kept)> {
+        let all = tensors.locate_all(root).map_err(IoctlError::from)?;
+        let mut blobs: Vec<ObjectRef> = Vec::new();
+        for tensor in &all {
+            if let FileTensor::Stored(located) = tensor {
+                for extent in &located.extents {
+                    if !blobs.contains(&extent.blob) {
+                        blobs.push(extent.blob);
+                    }
+                }
+            }
+        }
+        let kept = self.objects.keep(&blobs).map_err(|source| FsError::Read {
+            commit: file.lane.commit.id(),
+            path: file.path.clone(),
+            source,
+        })?;
+        let root = root.to_str().ok_or_else(|| {
+            IoctlError::Overflow(format!("the store root {} is not UTF-8", root.display()))
+        })?;
+        let stamp = |object: &ObjectRef| self.objects.proven_stamp(object).map(|s| s.fields());
+        Ok((describe(&all, root, &stamp), kept))
     }
 
     /// Checks access `mask` (`R_OK`, `W_OK`, `X_OK` bits) to `ino`.

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::format::{ObjectRef, Sha256};
@@ -308,8 +308,36 @@ pub struct Pin<'a> {
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        let mut state = lock(&self.cache.state);
-        for object in self.objects {
+        self.cache.unpin(self.objects);
+    }
+}
+
+/// Objects a reader outside the mount reads (the extents ioctl's ABI 2), kept from eviction
+/// until dropped: [`Cache::pin`] for as long as a file stays open.
+pub struct Kept {
+    cache: Arc<Cache>,
+    objects: Vec<ObjectRef>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.cache.unpin(&self.objects);
+    }
+}
+
+impl Cache {
+    /// [`Cache::pin`], owning its objects and the cache.
+    pub fn keep(self: &Arc<Cache>, objects: Vec<ObjectRef>) -> Kept {
+        std::mem::forget(self.pin(&objects));
+        Kept {
+            cache: self.clone(),
+            objects,
+        }
+    }
+
+    fn unpin(&self, objects: &[ObjectRef]) {
+        let mut state = lock(&self.state);
+        for object in objects {
             if let Some(count) = state.pinned.get_mut(&object.sha256) {
                 *count -= 1;
                 if *count == 0 {

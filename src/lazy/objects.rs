@@ -9,7 +9,8 @@ use std::sync::{Arc, RwLock};
 use super::{Cache, Fetcher, LazyError};
 use crate::format::{ObjectRef, Sha256};
 use crate::io::{BlobReader, BlobReaderConfig};
-use crate::io::{ObjectRead, ObjectSource};
+use crate::io::{Kept, ObjectRead, ObjectSource};
+use crate::store::verified::Stamp;
 use crate::store::Store;
 use crate::sync::{read, write};
 
@@ -88,6 +89,18 @@ impl FetchingSource {
 impl ObjectSource for FetchingSource {
     fn stats(&self) -> crate::io::SourceStats {
         self.reader.stats()
+    }
+
+    fn proven_stamp(&self, object: &ObjectRef) -> Option<Stamp> {
+        self.reader.proven_stamp(object)
+    }
+
+    /// Pins `objects` first (an eviction that makes room for one never takes another), then
+    /// fetches the missing ones; over the budget, if they do not fit it, while they are kept.
+    fn keep(&self, objects: &[ObjectRef]) -> io::Result<Kept> {
+        let kept = self.fetcher.cache().keep(objects.to_vec());
+        self.ensure(objects)?;
+        Ok(Kept(Box::new(kept)))
     }
 
     fn close(&self, digests: &[Sha256]) {

@@ -45,6 +45,18 @@ impl Stamp {
             ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
         }
     }
+
+    /// `[st_dev, st_ino, st_size, mtime, ctime]`, times in nanoseconds since the epoch: what a
+    /// reader compares with its own `fstat` of the blob (the extents ioctl's ABI 2 gives it).
+    pub fn fields(&self) -> [i128; 5] {
+        [
+            i128::from(self.dev),
+            i128::from(self.ino),
+            i128::from(self.length),
+            self.mtime_ns,
+            self.ctime_ns,
+        ]
+    }
 }
 
 /// The ledger of one store, loaded into memory; lines other processes append later are read
