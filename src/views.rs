@@ -213,6 +213,9 @@ impl Ranges {
 struct Filled {
     ranges: Ranges,
     last_read: Instant,
+    /// Where the build goes on, and the bytes it has read itself.
+    build_at: u64,
+    read_again: u64,
 }
 
 /// A view being built: a sparse temporary file that reads' bytes and the build fill.
@@ -289,9 +292,14 @@ impl ViewCache {
             let entry = entry?;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
-            if let Some(rest) = name.strip_prefix(TEMP_PREFIX) {
-                let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-                if pid.is_none_or(|pid| !alive(pid)) {
+            if name.starts_with(TEMP_PREFIX) {
+                // A dead build's: nobody holds its lock.
+                let orphan = OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                    .open(entry.path())
+                    .is_ok_and(|f| try_lock(&f).is_ok());
+                if orphan {
                     let _ = fs::remove_file(entry.path());
                 }
                 continue;
@@ -321,10 +329,7 @@ impl ViewCache {
         let builder = std::thread::Builder::new()
             .name("tensorfs-views".into())
             .spawn(move || {
-                // Ends when the cache (the sender) is dropped.
-                for filling in queue {
-                    builder.build(&filling);
-                }
+                builder.run(&queue);
             })?;
         Ok(ViewCache {
             config,
@@ -369,9 +374,19 @@ impl ViewCache {
             .and_then(|f| Ok((f.metadata()?, f)));
         let mut index = lock(&self.index);
         match opened {
-            Ok((meta, file)) if meta.is_file() && meta.len() == size => {
+            Ok((meta, file)) if meta.is_file() && meta.len() == size && trusted(&meta) => {
                 index.touch(key);
                 Some(file)
+            }
+            Ok((meta, _)) if !trusted(&meta) => {
+                tracing::warn!(
+                    "not serving view {}: it is not this user's alone (uid {}, mode {:o})",
+                    path.display(),
+                    std::os::unix::fs::MetadataExt::uid(&meta),
+                    std::os::unix::fs::MetadataExt::mode(&meta)
+                );
+                index.ready.remove(key);
+                None
             }
             Ok((meta, _)) => {
                 tracing::warn!(
@@ -504,10 +519,12 @@ impl ViewCache {
         index.evict(&self.config.dir, capacity - building - size);
         let label = label();
         let made = (|| {
+            // Views under way are sparse: what they will still write counts too.
             let disk = Capacity::of(&self.config.dir)?;
-            if shortfall(&disk, size) > 0 {
+            if shortfall(&disk, size + building) > 0 {
                 return Err(io::Error::other(format!(
-                    "{} bytes free; a view must leave the disk's reserve of {} bytes",
+                    "{} bytes free ({building} bytes of it promised to views under way); a view \
+                     must leave the disk's reserve of {} bytes",
                     disk.available_bytes(),
                     reserve(&disk)
                 )));
@@ -522,6 +539,12 @@ impl ViewCache {
                 .create_new(true)
                 .mode(0o600)
                 .open(&path)?;
+            // Held while the build lives: how a later mount, in any pid namespace, tells a
+            // live build's file from one a dead build left.
+            if let Err(e) = try_lock(&file) {
+                let _ = fs::remove_file(&path);
+                return Err(e);
+            }
             // Sparse: blocks come as bytes are written.
             if let Err(e) = file.set_len(size) {
                 let _ = fs::remove_file(&path);
@@ -542,6 +565,8 @@ impl ViewCache {
             filled: Mutex::new(Filled {
                 ranges: Ranges::default(),
                 last_read: Instant::now(),
+                build_at: 0,
+                read_again: 0,
             }),
             broken: OnceLock::new(),
         });
@@ -564,10 +589,123 @@ struct Builder {
     stop: Arc<AtomicBool>,
 }
 
+/// What one step of a build did.
+enum Step {
+    /// It filled a block.
+    Filled,
+    /// The file's reads have not paused for [`QUIET`]: try again after this long.
+    Busy(Duration),
+    /// The view is built (with the bytes the build read), or given up.
+    Done(io::Result<u64>),
+}
+
 impl Builder {
-    fn build(&self, filling: &Filling) {
+    /// Builds the views handed over on `queue`, a block at a time, taking turns among those
+    /// whose reads have paused: a file a loader keeps reading delays no other. Ends when the
+    /// cache (the sender) is dropped and the builds under way have stopped.
+    fn run(&self, queue: &mpsc::Receiver<Arc<Filling>>) {
+        let mut active: Vec<Arc<Filling>> = Vec::new();
+        let mut buf = vec![0u8; BUILD_BLOCK_BYTES];
+        loop {
+            if active.is_empty() {
+                match queue.recv() {
+                    Ok(filling) => active.push(filling),
+                    Err(_) => return,
+                }
+            }
+            active.extend(queue.try_iter());
+            let mut worked = false;
+            let mut wait = QUIET;
+            let mut i = 0;
+            while i < active.len() {
+                match self.step(&active[i], &mut buf) {
+                    Step::Filled => worked = true,
+                    Step::Busy(left) => wait = wait.min(left),
+                    Step::Done(result) => {
+                        let filling = active.swap_remove(i);
+                        self.finish(&filling, result);
+                        worked = true;
+                        continue;
+                    }
+                }
+                i += 1;
+            }
+            if !worked {
+                // Until a file's reads have paused long enough, or a new view starts.
+                match queue.recv_timeout(wait) {
+                    Ok(filling) => active.push(filling),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    // Dropped: the stop flag ends the builds under way at their next step.
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        self.stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fills the next hole of `filling` in file order, at most a block, when its reads have
+    /// paused for [`QUIET`]; with no hole left, flushes it, makes it read-only and gives it its
+    /// name.
+    fn step(&self, filling: &Filling, buf: &mut [u8]) -> Step {
+        if self.stop.load(Ordering::Relaxed) {
+            return Step::Done(Err(io::Error::other("the mount ended")));
+        }
+        if let Some(why) = filling.broken.get() {
+            return Step::Done(Err(io::Error::other(why.clone())));
+        }
         let size = filling.content.size();
-        let result = self.complete(filling);
+        let (hole, since_read, read) = {
+            let filled = lock(&filling.filled);
+            let hole = filled
+                .ranges
+                .hole(filled.build_at, size, BUILD_BLOCK_BYTES as u64);
+            (hole, filled.last_read.elapsed(), filled.read_again)
+        };
+        let Some((start, end)) = hole else {
+            return Step::Done(self.seal(filling).map(|()| read));
+        };
+        if since_read < QUIET {
+            return Step::Busy(QUIET - since_read);
+        }
+        let buf = &mut buf[..(end - start) as usize];
+        let result = filling
+            .content
+            .read_at(self.source.as_ref(), start, buf)
+            .and_then(|n| {
+                if n < buf.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("the file ended at {} of {size} bytes", start + n as u64),
+                    ));
+                }
+                filling.write(start, buf, false)
+            });
+        if let Err(e) = result {
+            return Step::Done(Err(e));
+        }
+        let mut filled = lock(&filling.filled);
+        filled.build_at = end;
+        filled.read_again += end - start;
+        Step::Filled
+    }
+
+    /// Flushes a whole view, makes it read-only and gives it its name.
+    fn seal(&self, filling: &Filling) -> io::Result<()> {
+        debug_assert_eq!(
+            lock(&filling.filled).ranges.covered(),
+            filling.content.size()
+        );
+        filling.file.sync_all()?;
+        filling
+            .file
+            .set_permissions(fs::Permissions::from_mode(0o400))?;
+        fs::rename(&filling.path, self.config.dir.join(filling.key.hex()))
+    }
+
+    /// Records how the build of `filling` ended: a view, or a failure not tried again.
+    fn finish(&self, filling: &Filling, result: io::Result<u64>) {
+        let size = filling.content.size();
         let mut index = lock(&self.index);
         // Absent when building stopped: its file is gone already.
         if index.filling.remove(&filling.key).is_none() {
@@ -596,51 +734,6 @@ impl Builder {
             }
         }
     }
-
-    /// Fills the holes reads left in `filling`, in file order, whenever its reads pause for
-    /// [`QUIET`]; then flushes it, makes it read-only and gives it its name. Returns the bytes
-    /// it read.
-    fn complete(&self, filling: &Filling) -> io::Result<u64> {
-        let size = filling.content.size();
-        let mut buf = vec![0u8; BUILD_BLOCK_BYTES];
-        let (mut at, mut read) = (0u64, 0u64);
-        loop {
-            if self.stop.load(Ordering::Relaxed) {
-                return Err(io::Error::other("the mount ended"));
-            }
-            if let Some(why) = filling.broken.get() {
-                return Err(io::Error::other(why.clone()));
-            }
-            let (hole, since_read) = {
-                let filled = lock(&filling.filled);
-                let hole = filled.ranges.hole(at, size, BUILD_BLOCK_BYTES as u64);
-                (hole, filled.last_read.elapsed())
-            };
-            let Some((start, end)) = hole else { break };
-            if since_read < QUIET {
-                std::thread::sleep(QUIET - since_read);
-                continue;
-            }
-            let buf = &mut buf[..(end - start) as usize];
-            let n = filling.content.read_at(self.source.as_ref(), start, buf)?;
-            if n < buf.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("the file ended at {} of {size} bytes", start + n as u64),
-                ));
-            }
-            filling.write(start, buf, false)?;
-            read += n as u64;
-            at = end;
-        }
-        debug_assert_eq!(lock(&filling.filled).ranges.covered(), size);
-        filling.file.sync_all()?;
-        filling
-            .file
-            .set_permissions(fs::Permissions::from_mode(0o400))?;
-        fs::rename(&filling.path, self.config.dir.join(filling.key.hex()))?;
-        Ok(read)
-    }
 }
 
 /// Makes `dir` a views folder: a new one (mode 0700) or an empty one gets the marker; an
@@ -652,12 +745,34 @@ impl Builder {
 pub fn claim(dir: &Path) -> io::Result<()> {
     match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            use std::os::unix::fs::MetadataExt;
+            let meta = fs::symlink_metadata(dir)?;
+            if !meta.is_dir() {
+                return Err(io::Error::other("not a folder"));
+            }
+            // The kernel reads views without checks: nobody else may put files there.
+            if meta.uid() != euid() {
+                return Err(io::Error::other(format!(
+                    "the folder belongs to another user (uid {}); views need a folder only the \
+                     mount's user can write",
+                    meta.uid()
+                )));
+            }
             let marked = dir.join(MARKER).is_file();
             if !marked && fs::read_dir(dir)?.next().is_some() {
                 return Err(io::Error::other(
                     "the folder holds other files; give views a folder of their own",
                 ));
+            }
+            if meta.mode() & 0o022 != 0 {
+                if marked && fs::read_dir(dir)?.count() > 1 {
+                    return Err(io::Error::other(
+                        "others may write into the folder, so its views cannot be trusted; \
+                         remove them or give views another folder",
+                    ));
+                }
+                fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
             }
         }
         Err(e) => return Err(e),
@@ -668,12 +783,27 @@ pub fn claim(dir: &Path) -> io::Result<()> {
     )
 }
 
-/// Whether process `pid` still runs (a temporary file of a live build is left alone).
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe {
-        libc::kill(pid, 0) == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+/// Takes `file`'s exclusive `flock` without waiting (`EWOULDBLOCK` when another holds it).
+fn try_lock(file: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; it only reads its arguments.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::last_os_error());
     }
+    Ok(())
+}
+
+/// Whether a view's metadata shows a file only this user wrote: owned by it, and writable by
+/// no one else.
+fn trusted(meta: &fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.uid() == euid() && meta.mode() & 0o022 == 0
+}
+
+/// This process's effective user: the owner views and their folder must have.
+fn euid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 #[cfg(test)]
@@ -843,6 +973,91 @@ mod tests {
         assert_eq!(views_left(&dir).len(), 1, "the temporary file");
         drop(views);
         assert!(views_left(&dir).is_empty(), "{:?}", views_left(&dir));
+    }
+
+    /// A file a loader keeps reading delays no other file's view.
+    #[test]
+    fn a_file_still_being_read_does_not_hold_back_another_view() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("views");
+        let size = 2 << 20;
+        let busy_bytes: Vec<u8> = (0..size).map(|i: usize| (i % 13) as u8).collect();
+        let (views, _, busy) = cache(&dir, busy_bytes.clone());
+        let (busy_key, other_key) = (Sha256([1; 32]), Sha256([2; 32]));
+        // The busy file starts first and its reads never pause for long.
+        views.served(busy_key, &busy, 0, &busy_bytes[..1 << 20], || "busy".into());
+        let other = busy.clone();
+        views.served(other_key, &other, 0, &busy_bytes[..1 << 20], || {
+            "other".into()
+        });
+        let until = Instant::now() + Duration::from_secs(20);
+        while views.state(&other_key) != ViewState::Ready {
+            assert!(
+                Instant::now() < until,
+                "the other view waited for the busy file"
+            );
+            views.served(busy_key, &busy, 0, &busy_bytes[..4096], || "busy".into());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(views.state(&busy_key), ViewState::Building);
+    }
+
+    /// Views must be this user's alone: a folder others may write is made private (or refused
+    /// when it holds views already), and a view another user owns is never served.
+    #[test]
+    fn views_others_could_write_are_not_served() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("shared");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+        claim(&dir).unwrap();
+        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
+        let (views, _, _) = cache(&dir, vec![0u8; 8]);
+        drop(views);
+        let key = Sha256([4; 32]);
+        let planted = dir.join(key.hex());
+        fs::write(&planted, vec![0u8; 4096]).unwrap();
+        fs::set_permissions(&planted, fs::Permissions::from_mode(0o666)).unwrap();
+        let (views, _, _) = cache(&dir, vec![0u8; 8]);
+        assert!(views.file(&key, 4096).is_none(), "a view others may write");
+        // Writable by others, holding views: refused.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = claim(&dir).unwrap_err();
+        assert!(err.to_string().contains("cannot be trusted"), "{err}");
+        // Another user's folder: refused (the tests run as root, who can make one).
+        if euid() == 0 {
+            let theirs = tmp.path().join("theirs");
+            fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = claim(&theirs).unwrap_err();
+            assert!(err.to_string().contains("another user"), "{err}");
+        }
+        let file = tmp.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        assert!(claim(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("not a folder"));
+    }
+
+    /// A temporary file is a dead build's when nobody holds its lock, whatever process id
+    /// its name shows (pid 1 is alive, in another namespace it is another process).
+    #[test]
+    fn leftovers_of_dead_builds_go_and_live_builds_files_stay() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("views");
+        claim(&dir).unwrap();
+        let dead = dir.join(format!("{TEMP_PREFIX}1-{}", Sha256([5; 32]).hex()));
+        fs::write(&dead, b"partial").unwrap();
+        let live = dir.join(format!("{TEMP_PREFIX}999999-{}", Sha256([6; 32]).hex()));
+        fs::write(&live, b"partial").unwrap();
+        let held = File::open(&live).unwrap();
+        try_lock(&held).unwrap();
+        let (views, _, _) = cache(&dir, vec![0u8; 8]);
+        assert!(!dead.exists(), "a dead build's file is removed");
+        assert!(live.exists(), "a live build's file stays");
+        drop((views, held));
     }
 
     fn views_left(dir: &Path) -> Vec<String> {

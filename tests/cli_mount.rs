@@ -221,6 +221,41 @@ fn a_root_mount_has_views_by_default_and_view_cache_0_turns_them_off() {
         ],
     );
     assert!(err.contains("--view-cache 0 turns them off"), "{err}");
+    // A views' folder inside the mount point would be hidden by the mount, and what it left
+    // there would keep later mounts off the folder: refused, nothing made.
+    let inside = mnt.join("views");
+    let err = fails(
+        &store,
+        &[
+            "mount",
+            mnt.to_str().unwrap(),
+            "--view-dir",
+            inside.to_str().unwrap(),
+        ],
+    );
+    assert!(err.contains("inside the mount point"), "{err}");
+    assert!(!inside.exists());
+    // A relative name is the working folder's (found by a break test: a bare name was taken
+    // for a folder on no filesystem, and views for off).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+        .current_dir(dir.path())
+        .args([
+            "--store",
+            store.to_str().unwrap(),
+            "mount",
+            mnt_arg,
+            "--view-dir",
+            "rel",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join("rel").is_dir());
+    ok(&store, &["unmount", mnt_arg]);
 }
 
 #[test]

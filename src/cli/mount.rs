@@ -97,11 +97,15 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         cli.existing_store()?
     };
     let store = store.root().to_path_buf();
+    let view_dir = match &args.view_dir {
+        Some(dir) => Some(std::path::absolute(dir).context("the views' folder")?),
+        None => None,
+    };
     let view_cache = match args.view_cache {
         Some(size) => size,
         // What the views' folder, or the folder it goes in, lies on.
         None if session::may_pass_through() => {
-            let dir = args.view_dir.as_deref().unwrap_or(&store);
+            let dir = view_dir.as_deref().unwrap_or(&store);
             let on = dir.ancestors().find(|d| d.exists()).unwrap_or(dir);
             Capacity::of(on)
                 .map(|disk| crate::views::default_capacity(&disk))
@@ -120,12 +124,24 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let mountpoint = session::check_mountpoint(&args.mountpoint)?;
     // Views asked for but impossible are refused here, where the user sees it; the daemon
     // alone would only log it and serve without them.
-    let view_dir = match (view_cache, &args.view_dir) {
+    let view_dir = match (view_cache, view_dir) {
         (0, _) => None,
-        (_, Some(dir)) => Some(std::path::absolute(dir).context("the views' folder")?),
+        (_, Some(dir)) => Some(dir),
         (_, None) => Some(store.join("views")),
     };
     if let Some(dir) = &view_dir {
+        let real = dir.ancestors().find_map(|d| {
+            d.canonicalize()
+                .ok()
+                .map(|c| c.join(dir.strip_prefix(d).unwrap_or(dir)))
+        });
+        if real.is_some_and(|real| real.starts_with(&mountpoint)) {
+            anyhow::bail!(
+                "the views' folder {} is inside the mount point {}: give views a folder outside it",
+                dir.display(),
+                mountpoint.display()
+            );
+        }
         crate::views::claim(dir).with_context(|| format!("the views' folder {}", dir.display()))?;
     }
     let remote = endpoint.map(|endpoint| LazyConfig {
