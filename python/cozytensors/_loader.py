@@ -47,6 +47,12 @@ _ELEMENT_BYTES = {
 }
 
 
+def _safetensors_open():
+    """safetensors' own `safe_open`, also while the import hook (`cozytensors._hook`) routes
+    `safetensors.safe_open` here."""
+    return getattr(safetensors.safe_open, "__wrapped__", safetensors.safe_open)
+
+
 def _torch_dtype(name: str):
     import torch
 
@@ -137,7 +143,7 @@ class safe_open:
                 self._tensors, self._metadata, self._data_start = parsed
                 self._fast = self._on_mount()
         if not self._fast:
-            self._inner = safetensors.safe_open(
+            self._inner = _safetensors_open()(
                 self._path, framework=framework, device=device, backend=backend
             )
 
@@ -182,7 +188,7 @@ class safe_open:
 
     def _safetensors(self):
         if self._inner is None:
-            self._inner = safetensors.safe_open(
+            self._inner = _safetensors_open()(
                 self._path, framework=self._framework, device=self._device, backend=self._backend
             )
         return self._inner
@@ -220,8 +226,21 @@ class safe_open:
         return self._metadata
 
     def get_slice(self, name: str):
-        # Slices read what they select through the mount.
-        return self._safetensors().get_slice(name)
+        """A slice object as safetensors' (`get_shape()`, `get_dtype()`, indexing), for the
+        torch framework read from the blobs like `get_tensor`: the index is torch's, applied
+        to the tensor's mapping (with the mmap backend only the pages it selects are read),
+        and the slice stays usable after the file is closed, as safetensors' does. NumPy
+        slices are safetensors' own (its slicing rules differ from NumPy's)."""
+        if not self._fast:
+            return self._inner.get_slice(name)
+        if self._fd is None:
+            raise SafetensorError("File is closed")
+        entry = self._tensors.get(name)
+        if entry is None:
+            raise SafetensorError(f"File does not contain tensor {name}")
+        if self._framework not in ("pt", "torch"):
+            return self._safetensors().get_slice(name)
+        return _Slice(self, name, entry)
 
     def get_tensors(self) -> Dict[str, Any]:
         return {name: self.get_tensor(name) for name in self.offset_keys()}
@@ -229,40 +248,57 @@ class safe_open:
     def get_tensor(self, name: str):
         if not self._fast:
             return self._inner.get_tensor(name)
+        if self._fd is None:
+            raise SafetensorError("File is closed")
         entry = self._tensors.get(name)
         if entry is None:
             raise SafetensorError(f"File does not contain tensor {name}")
+        return self._tensor(name, entry, self._device)
+
+    def _tensor(self, name: str, entry, device):
+        """The tensor `name` (its header entry) on `device`; also after the file is closed,
+        for slices taken before."""
         dtype_name = entry["dtype"]
         torch = self._framework in ("pt", "torch")
         dtype = _torch_dtype(dtype_name) if torch else _numpy_dtype(dtype_name)
         if dtype is None or dtype_name not in _ELEMENT_BYTES:
-            return self._safetensors().get_tensor(name)
+            return self._safetensors_tensor(name)
         shape = list(entry["shape"])
         begin, end = (self._data_start + o for o in entry["data_offsets"])
         count = end - begin
         if count == 0:
-            return self._empty(dtype, shape)
+            return self._empty(dtype, shape, device)
         if (begin, end) in self._decoded:
             # Decoded as it is read: no blob holds these bytes.
-            return self._safetensors().get_tensor(name)
+            return self._safetensors_tensor(name)
         buffer, offset = self._bytes(name, begin, end)
         items = count // _ELEMENT_BYTES[dtype_name]
         if torch:
             import torch as t
 
             tensor = t.frombuffer(buffer, dtype=dtype, count=items, offset=offset).reshape(shape)
-            if self._device not in ("cpu", None):
-                tensor = tensor.to(self._device)
+            if device not in ("cpu", None):
+                tensor = tensor.to(device)
             return tensor
         import numpy as np
 
         return np.frombuffer(buffer, dtype=dtype, count=items, offset=offset).reshape(shape)
 
-    def _empty(self, dtype, shape):
+    def _safetensors_tensor(self, name: str):
+        """safetensors' own reading of `name` through the mount (a file closed since the
+        slice was taken is opened again for it)."""
+        if self._fd is not None:
+            return self._safetensors().get_tensor(name)
+        with _safetensors_open()(
+            self._path, framework=self._framework, device=self._device, backend=self._backend
+        ) as again:
+            return again.get_tensor(name)
+
+    def _empty(self, dtype, shape, device):
         if self._framework in ("pt", "torch"):
             import torch
 
-            return torch.empty(shape, dtype=dtype, device=self._device)
+            return torch.empty(shape, dtype=dtype, device=device)
         import numpy as np
 
         return np.empty(shape, dtype=dtype)
@@ -271,8 +307,6 @@ class safe_open:
         """A writable buffer holding the file's bytes [begin, end) and the offset of the first
         in it."""
         what = f"{self._path}: tensor {name!r}"
-        if self._fd is None:
-            raise SafetensorError("File is closed")
         if self._parts is not None:
             extents, store = self._parts.get((begin, end)), self._store
         else:
@@ -295,7 +329,14 @@ class safe_open:
 
     def _locate(self, name: str, begin: int, end: int, what: str):
         """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor."""
-        located = _native.locate(self._fd, self._path, name)
+        if self._fd is not None:
+            located = _native.locate(self._fd, self._path, name)
+        else:  # a slice taken before the file was closed
+            fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                located = _native.locate(fd, self._path, name)
+            finally:
+                os.close(fd)
         if located is None:
             raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
         # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.
@@ -303,6 +344,30 @@ class safe_open:
         if part is None:
             return None, located["store"]
         return [(*e, None) for e in part["extents"]], located["store"]
+
+
+class _Slice:
+    """What `safe_open.get_slice` gives for torch: a tensor's dtype and shape from the header,
+    and its bytes from the blobs once indexed."""
+
+    __slots__ = ("_file", "_name", "_entry")
+
+    def __init__(self, file: "safe_open", name: str, entry):
+        self._file, self._name, self._entry = file, name, entry
+
+    def get_shape(self) -> List[int]:
+        return list(self._entry["shape"])
+
+    def get_dtype(self) -> str:
+        return self._entry["dtype"]
+
+    def __getitem__(self, index):
+        # Indexed on the CPU mapping, then moved: only the selection travels to the device.
+        selected = self._file._tensor(self._name, self._entry, "cpu")[index]
+        device = self._file._device
+        if device not in ("cpu", None):
+            selected = selected.to(device)
+        return selected
 
 
 def load_file(filename, device="cpu", *, backend: str = "mmap"):

@@ -2,7 +2,7 @@
 reading, from the blobs and not through FUSE; files elsewhere are safetensors' own; a damaged
 blob is an error, never wrong values.
 
-Needs the `tensorfs` binary ($TENSORFS_BIN, else target/release/tensorfs) and /dev/fuse.
+Needs the `tensorfs` binary and /dev/fuse (`mounts.py`).
 """
 
 import errno
@@ -10,10 +10,7 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-from pathlib import Path
 
-import numpy as np
 import pytest
 import safetensors
 import torch
@@ -24,29 +21,7 @@ import cozytensors.torch
 import safetensors.torch
 from cozytensors import _native
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(os.environ.get("TENSORFS_BIN", ROOT / "target" / "release" / "tensorfs"))
-
-
-def _prerequisites():
-    missing = []
-    if not BIN.is_file():
-        missing.append(f"the tensorfs binary at {BIN} (cargo build --release)")
-    if not os.path.exists("/dev/fuse"):
-        missing.append("/dev/fuse")
-    if missing:
-        why = "missing: " + ", ".join(missing)
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-
-
-def tensorfs(store, *args):
-    out = subprocess.run(
-        [str(BIN), "--store", str(store), *map(str, args)], capture_output=True, text=True
-    )
-    assert out.returncode == 0, f"tensorfs {' '.join(map(str, args))}: {out.stderr}"
-    return out.stdout
+from mounts import prerequisites, status, tensorfs, unmount
 
 
 def _tensors():
@@ -72,7 +47,7 @@ def _tensors():
 
 @pytest.fixture(scope="module")
 def mounted(tmp_path_factory):
-    _prerequisites()
+    prerequisites()
     work = tmp_path_factory.mktemp("mounted")
     source = work / "model.safetensors"
     save_file(_tensors(), str(source), metadata={"format": "pt", "note": "cozytensors"})
@@ -88,9 +63,7 @@ def mounted(tmp_path_factory):
             "mnt": mnt,
         }
     finally:
-        subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)
-        if os.path.ismount(mnt):
-            subprocess.run([str(BIN), "unmount", "--lazy", str(mnt)], capture_output=True)
+        unmount(mnt)
 
 
 def _locate(file, name):
@@ -107,18 +80,10 @@ def same(a, b):
         assert a.dtype == b.dtype and a.shape == b.shape
         if a.numel() == 0:
             return True
-        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+        a, b = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     assert a.dtype == b.dtype and a.shape == b.shape
     return a.tobytes() == b.tobytes()
-
-
-def status(mnt):
-    out = subprocess.run(
-        ["getfattr", "--only-values", "-n", "user.tensorfs.status", str(mnt)],
-        capture_output=True,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
@@ -180,9 +145,45 @@ def test_an_absent_tensor_is_safetensors_error(mounted):
     with pytest.raises(safetensors.SafetensorError, match="File is closed"):
         ours.get_tensor("layer.0.weight")
     assert same(kept, _tensors()["layer.0.weight"])
-    # get_slice is safetensors' own, through the mount.
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_slices_equal_safetensors_and_come_from_the_blobs(mounted, backend):
+    """Transformers' from_pretrained takes every tensor as a slice (`get_slice(k)[...]`),
+    closing the file only after; tensor-parallel loads index rows and columns."""
+    indices = [..., 0, -1, slice(None, 10), slice(3, 1000, 7), slice(0, 10**9), (slice(None), None)]
+    served = status(mounted["mnt"])["bytes_served"]
+    with cozytensors.safe_open(mounted["file"], framework="pt", backend=backend) as ours:
+        slices = {name: ours.get_slice(name) for name in ours.keys()}
+    with safetensors.safe_open(mounted["source"], framework="pt") as theirs:
+        for name, ours_slice in slices.items():
+            theirs_slice = theirs.get_slice(name)
+            assert ours_slice.get_shape() == theirs_slice.get_shape(), name
+            assert ours_slice.get_dtype() == theirs_slice.get_dtype(), name
+            for index in indices if ours_slice.get_shape() else [...]:
+                try:
+                    expected = theirs_slice[index]
+                except Exception as e:  # the same error, from the same indexing rules
+                    with pytest.raises(type(e)):
+                        ours_slice[index]
+                    continue
+                # Taken before the file closed, indexed after: as safetensors' slices.
+                assert same(ours_slice[index], expected), (name, index)
+        layer = theirs.get_slice("layer.1.weight")
+        for bad in [slice(None, None, -1), 10**9]:
+            with pytest.raises(Exception) as theirs_error:
+                layer[bad]
+            with pytest.raises(theirs_error.type):
+                slices["layer.1.weight"][bad]
+    assert status(mounted["mnt"])["bytes_served"] - served < 1 << 20, "only the header"
     with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
-        assert torch.equal(ours.get_slice("big")[:10], ours.get_tensor("big")[:10])
+        with pytest.raises(safetensors.SafetensorError, match="does not contain tensor nope"):
+            ours.get_slice("nope")
+    with pytest.raises(safetensors.SafetensorError, match="File is closed"):
+        ours.get_slice("big")
+    # NumPy slices are safetensors' own (its rules, not NumPy's), through the mount.
+    with cozytensors.safe_open(mounted["file"], framework="np") as ours:
+        assert same(ours.get_slice("big")[:10], ours.get_tensor("big")[:10])
 
 
 def test_a_file_elsewhere_is_read_by_safetensors(mounted, tmp_path):
@@ -209,7 +210,7 @@ def test_a_store_the_caller_cannot_read_falls_back(mounted, monkeypatch):
 
 
 def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
-    _prerequisites()
+    prerequisites()
     source = tmp_path / "model.safetensors"
     # `a` and the header lie in one chunk; `w` (80 MB) and `z` (16 MiB), standalone, in others.
     tensors = {
@@ -262,7 +263,7 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
             cozytensors.safe_open(file, framework="pt")
         assert raised.value.errno == errno.EIO
     finally:
-        subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)
+        unmount(mnt)
 
 
 def test_one_whole_file_query_serves_every_tensor(mounted, monkeypatch):
@@ -286,7 +287,7 @@ def test_one_whole_file_query_serves_every_tensor(mounted, monkeypatch):
 def test_a_decoded_views_tensors_equal_the_files_own(tmp_path):
     """In <lane>@decoded an encoded tensor has no blob bytes: it comes from the file, as
     safetensors reads it; plain tensors still come from the blobs."""
-    _prerequisites()
+    prerequisites()
     source = tmp_path / "model.safetensors"
     g = torch.Generator().manual_seed(3)
     save_file(
@@ -319,4 +320,4 @@ def test_a_decoded_views_tensors_equal_the_files_own(tmp_path):
             for name in theirs.keys():
                 assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
     finally:
-        subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)
+        unmount(mnt)

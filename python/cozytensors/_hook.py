@@ -1,0 +1,136 @@
+"""Routes unmodified loaders to cozytensors for files of TensorFS mounts (`COZYTENSORS_HOOK=1`).
+
+The wheel installs `cozytensors.pth`, which Python runs at every start-up: with the
+environment variable `COZYTENSORS_HOOK` set (and not `0`) it imports this module, which imports
+nothing heavy. It puts a finder on `sys.meta_path` that waits for `safetensors` to be imported
+and then replaces `safetensors.safe_open` by a function that opens files of TensorFS mounts
+with `cozytensors.safe_open` (straight from the store's blobs) and everything else with
+safetensors' own (kept as its `__wrapped__`). Since `safetensors.torch`, `safetensors.numpy`,
+Transformers, Diffusers and ComfyUI take `safe_open` from the `safetensors` module after it is
+patched (`from safetensors import safe_open`, `safetensors.safe_open(...)`), their loads go
+through it: `safetensors.torch.load_file`, `safe_open(...).get_tensor`, Transformers'
+`from_pretrained` (`get_slice(k)[...]`), Diffusers' `load_state_dict`, ComfyUI's
+`load_torch_file`. Worker processes inherit the variable (a new interpreter runs the hook
+again) or the patched module (fork).
+
+What it cannot reach (docs/python.md lists them): loaders that read the whole file into memory
+first (`safetensors.torch.load(bytes)`, `safetensors.deserialize`: the `disable_mmap` paths),
+`torch.load` of `.bin`/`.pt` files, readers in other languages, and code that imported
+`safetensors._safetensors_rust` itself. Those read through the mount as before.
+"""
+
+import os
+import sys
+from importlib.machinery import PathFinder
+
+__all__ = ["install", "on_tensorfs"]
+
+# What the mount shows as its type in /proc/self/mountinfo (src/fuse/mountinfo.rs).
+_FSTYPE = b"fuse.tensorfs"
+
+
+def _mount_points():
+    """The mount points of TensorFS mounts this process sees."""
+    points = []
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return points
+    for line in lines:
+        fields = line.split()
+        # id, parent, dev, root, mount point, options, optional fields…, "-", type, source, …
+        try:
+            dash = fields.index(b"-")
+        except ValueError:
+            continue
+        if len(fields) > dash + 1 and fields[dash + 1] == _FSTYPE:
+            points.append(os.fsdecode(_unescape(fields[4])))
+    return points
+
+
+def _unescape(field: bytes) -> bytes:
+    """A mountinfo field with its octal escapes (`\\040` for a space) undone."""
+    out, i = bytearray(), 0
+    while i < len(field):
+        if field[i] == 0x5C and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(int(field[i + 1 : i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return bytes(out)
+
+
+def on_tensorfs(filename) -> bool:
+    """Whether `filename` (a path) lies on a TensorFS mount."""
+    try:
+        path = os.path.realpath(os.fspath(filename))
+    except (TypeError, ValueError):
+        return False
+    for point in _mount_points():
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def _patch(module):
+    original = getattr(module, "safe_open", None)
+    if original is None or getattr(original, "__wrapped__", None) is not None:
+        return
+
+    def safe_open(filename, framework, device="cpu", *args, **kwargs):
+        if not args and on_tensorfs(filename):
+            from ._loader import safe_open as ours
+
+            return ours(filename, framework, device, **kwargs)
+        return original(filename, framework, device, *args, **kwargs)
+
+    safe_open.__wrapped__ = original
+    safe_open.__doc__ = original.__doc__
+    safe_open.__qualname__ = safe_open.__name__ = "safe_open"
+    safe_open.__module__ = "safetensors"
+    module.safe_open = safe_open
+
+
+class _Patching:
+    """A loader that runs `safetensors`' own, then patches the module."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _patch(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _Finder:
+    """Finds `safetensors` as the path would, with a loader that patches it."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "safetensors":
+            return None
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Patching(spec.loader)
+        return spec
+
+
+def install():
+    """Routes `safetensors.safe_open` to cozytensors for mounted files, now if `safetensors` is
+    imported already, else as soon as it is."""
+    if "safetensors" in sys.modules:
+        _patch(sys.modules["safetensors"])
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+install()
