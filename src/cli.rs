@@ -13,7 +13,6 @@ mod quantize;
 mod rm;
 mod serve;
 mod status;
-mod target;
 mod upload;
 mod verify;
 

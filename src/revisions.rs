@@ -9,11 +9,17 @@
 //!
 //! A name an earlier kind already took (a version spelled `latest`) is shown once, as the
 //! earlier kind. A commit without a lane label shows as lane [`NO_LANE`], which no label can be.
+//!
+//! A reference names a revision ([`resolve`]), as the command line and the Python API write it:
+//! ```text
+//! REF = <org>/<name>[@<revision>] | sha256:<commit hex>
+//! revision = latest | <release version> | <commit hex> | sha256:<commit hex>
+//! ```
 
 use std::collections::{BTreeMap, HashSet};
 
 use crate::format::{ObjectRef, Release, Repo, Sha256, Tree};
-use crate::store::{Store, StoreResult};
+use crate::store::{Commit, Store, StoreError, StoreResult};
 
 /// The lane folder of a commit without a lane label (`_` starts no label).
 pub const NO_LANE: &str = "_";
@@ -118,4 +124,198 @@ pub fn revisions(store: &Store, repo: &Repo) -> StoreResult<Vec<(String, Lanes)>
         out.push((name, lanes(repo, rev, lane_of_commit)?));
     }
     Ok(out)
+}
+
+/// One resolved lane of a revision.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The repo, when named by one.
+    pub repo: Option<String>,
+    /// The lane folder name.
+    pub lane: String,
+    /// The commit.
+    pub commit: ObjectRef,
+}
+
+/// Why a reference names nothing in a store.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// No repo document of that name.
+    #[error("no repo {name:?} in the store at {}", root.display())]
+    NoRepo {
+        /// The name asked for.
+        name: String,
+        /// The store's root.
+        root: std::path::PathBuf,
+    },
+    /// The repo has no such revision.
+    #[error("repo {repo} has no revision {revision:?} (it has: {})", have.join(", "))]
+    NoRevision {
+        /// The repo.
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+        /// Its revision names ([`revision_names`]).
+        have: Vec<String>,
+    },
+    /// The revision has no such lane.
+    #[error("{reference} has no lane {lane:?} (it has: {})", have.join(", "))]
+    NoLane {
+        /// The reference as written.
+        reference: String,
+        /// The lane asked for.
+        lane: String,
+        /// The revision's lanes.
+        have: Vec<String>,
+    },
+    /// One lane was needed and the revision has several.
+    #[error("{reference} has several lanes ({}); pick one", have.join(", "))]
+    SeveralLanes {
+        /// The reference as written.
+        reference: String,
+        /// The revision's lanes.
+        have: Vec<String>,
+    },
+    /// `sha256:<hex>` is not a digest.
+    #[error("{text:?}: {why}")]
+    BadDigest {
+        /// The text.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// No object of that digest, or one that is not a commit.
+    #[error("{} is not a commit (a cozytensors.tree/1 object) of the store at {}", commit.id(), root.display())]
+    NotACommit {
+        /// The digest (length 0 when no object has it).
+        commit: ObjectRef,
+        /// The store's root.
+        root: std::path::PathBuf,
+    },
+    /// The store failed to read a document the resolution needs.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ResolveError {
+    /// Whether the reference names nothing (as opposed to a store that failed).
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            ResolveError::NoRepo { .. }
+                | ResolveError::NoRevision { .. }
+                | ResolveError::NoLane { .. }
+                | ResolveError::NotACommit { .. }
+        )
+    }
+}
+
+/// Every lane that `reference` (module doc) names in `store`, or just `lane` when given.
+///
+/// # Errors
+/// [`ResolveError`]: no such repo, revision or lane, a malformed digest, or a store that
+/// fails to read a repo or tree.
+pub fn resolve(
+    store: &Store,
+    reference: &str,
+    lane: Option<&str>,
+) -> Result<Vec<Target>, ResolveError> {
+    let (repo_name, revision) = match reference.split_once('@') {
+        Some((repo, rev)) => (Some(repo), rev),
+        None if reference.starts_with("sha256:") => (None, reference),
+        None => (Some(reference), LATEST),
+    };
+    let targets = match repo_name {
+        None => {
+            let commit = commit_by_hex(store, revision)?;
+            let tree = store.tree(&commit).map_err(|_| ResolveError::NotACommit {
+                commit,
+                root: store.root().to_path_buf(),
+            })?;
+            vec![Target {
+                repo: None,
+                lane: lane_of(&tree),
+                commit,
+            }]
+        }
+        Some(name) => {
+            let repo = store.repo(name)?.ok_or_else(|| ResolveError::NoRepo {
+                name: name.to_owned(),
+                root: store.root().to_path_buf(),
+            })?;
+            let wanted = revision.strip_prefix("sha256:").unwrap_or(revision);
+            let Some(rev) = self::revision(&repo, wanted) else {
+                return Err(ResolveError::NoRevision {
+                    repo: name.to_owned(),
+                    revision: revision.to_owned(),
+                    have: revision_names(&repo),
+                });
+            };
+            lanes(&repo, rev, |commit| store.tree(commit).map(|t| t.lane))?
+                .into_iter()
+                .map(|(lane, commit)| Target {
+                    repo: Some(repo.name.clone()),
+                    lane,
+                    commit,
+                })
+                .collect()
+        }
+    };
+    match lane {
+        None => Ok(targets),
+        Some(lane) => {
+            let have: Vec<String> = targets.iter().map(|t| t.lane.clone()).collect();
+            let picked: Vec<Target> = targets.into_iter().filter(|t| t.lane == lane).collect();
+            if picked.is_empty() {
+                return Err(ResolveError::NoLane {
+                    reference: reference.to_owned(),
+                    lane: lane.to_owned(),
+                    have,
+                });
+            }
+            Ok(picked)
+        }
+    }
+}
+
+/// Exactly one lane of `reference`, with its commit read.
+///
+/// # Errors
+/// As [`resolve`]; [`ResolveError::SeveralLanes`] when `lane` is `None` and the revision has
+/// several; the commit's tree or header cannot be read.
+pub fn resolve_one(
+    store: &Store,
+    reference: &str,
+    lane: Option<&str>,
+) -> Result<(Target, Commit), ResolveError> {
+    let mut targets = resolve(store, reference, lane)?;
+    if targets.len() != 1 {
+        return Err(ResolveError::SeveralLanes {
+            reference: reference.to_owned(),
+            have: targets.iter().map(|t| t.lane.clone()).collect(),
+        });
+    }
+    let target = targets.remove(0);
+    let commit = store.commit(&target.commit)?;
+    Ok((target, commit))
+}
+
+/// The object with digest `text` (`sha256:<hex>` or hex), found by its blob.
+fn commit_by_hex(store: &Store, text: &str) -> Result<ObjectRef, ResolveError> {
+    let hex = text.strip_prefix("sha256:").unwrap_or(text);
+    let sha256: Sha256 = hex.parse().map_err(|e| ResolveError::BadDigest {
+        text: text.to_owned(),
+        why: format!("{e}"),
+    })?;
+    let probe = ObjectRef { sha256, length: 0 };
+    match std::fs::metadata(store.object_path(&probe)) {
+        Ok(meta) => Ok(ObjectRef {
+            sha256,
+            length: meta.len(),
+        }),
+        Err(_) => Err(ResolveError::NotACommit {
+            commit: probe,
+            root: store.root().to_path_buf(),
+        }),
+    }
 }

@@ -9,6 +9,11 @@
 //!
 //! Errors are `OSError`s with an errno and a message naming the file and tensor (the ioctl's
 //! errno, `EIO` for a damaged blob, `EACCES` for a store the caller cannot read).
+//!
+//! It also carries the format's API over a local store ([`checkpoint`]: a commit's components,
+//! configs, assets and tensor reads, decoded or as stored) and the arrays it returns
+//! ([`array`], shared through DLPack); `cozytensors/_api.py` is their Python face, and their
+//! errors are `Failure(code, detail)`, which it raises as its `Error` family.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -24,6 +29,9 @@ use tensorfs::extents::ioctl::{self, QueryError};
 use tensorfs::format::{ObjectRef, Sha256};
 use tensorfs::io::{BlobReader, BlobReaderConfig, ObjectRead, ObjectSource};
 use tensorfs::store::Store;
+
+mod array;
+mod checkpoint;
 
 /// One reader per store root for the life of the process: each blob is proven once.
 static READERS: Mutex<Option<HashMap<PathBuf, Arc<BlobReader>>>> = Mutex::new(None);
@@ -248,6 +256,10 @@ fn read(
 /// The module `cozytensors._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<array::Array>()?;
+    m.add_class::<checkpoint::Checkpoint>()?;
+    m.add("Failure", m.py().get_type::<checkpoint::Failure>())?;
+    m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(locate, m)?)?;
     m.add_function(wrap_pyfunction!(open_blob, m)?)?;

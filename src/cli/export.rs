@@ -7,10 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 
-use super::target::resolve_one;
 use super::{count, Cli};
 use crate::io::{BlobReader, BlobReaderConfig};
 use crate::layout::{LaneFile, LaneView};
+use crate::revisions::resolve_one;
 
 /// Arguments of `export`.
 #[derive(Debug, clap::Args)]

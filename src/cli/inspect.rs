@@ -5,11 +5,11 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
-use super::target::resolve;
 use super::Cli;
 use super::{count, human};
 use crate::format::{Body, Header, ObjectRef, Value};
 use crate::layout::LaneView;
+use crate::revisions::resolve;
 use crate::revisions::revisions;
 use crate::store::Store;
 

@@ -11,10 +11,10 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use serde_json::json;
 
-use super::target::resolve_one;
 use super::Cli;
 use crate::extents::{self, ioctl, Located};
 use crate::layout::LaneView;
+use crate::revisions::resolve_one;
 
 /// Arguments of `locate`.
 #[derive(Debug, clap::Args)]

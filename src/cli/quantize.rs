@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use super::human;
-use super::target::resolve_one;
 use super::Cli;
 use crate::quantize::quantize;
+use crate::revisions::resolve_one;
 
 /// Arguments of `quantize`.
 #[derive(Debug, clap::Args)]

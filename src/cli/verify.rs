@@ -14,9 +14,9 @@ use std::sync::Mutex;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::target::resolve;
 use super::{count, human, Cli};
 use crate::format::{ObjectRef, Sha256};
+use crate::revisions::resolve;
 use crate::store::Store;
 use crate::store::{hash_file, open_blob};
 use crate::sync::lock;

@@ -1,0 +1,457 @@
+//! The format's API: a commit of a local store opened by reference, its components' configs,
+//! assets and tensors, and tensor reads (stored, or decoded by `tensorfs::decode`) into
+//! [`Array`]s. `cozytensors/_api.py` is its Python face.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use tensorfs::decode;
+use tensorfs::format::{Body, Component, Dtype, Header, Location, ObjectRef, Tensor, Value};
+use tensorfs::io::{BlobReader, ObjectRead, ObjectSource};
+use tensorfs::revisions::{self, ResolveError};
+use tensorfs::store::retention::Hold;
+use tensorfs::store::{Commit, Store, StoreError};
+
+use crate::array::{Array, Bytes};
+
+pyo3::create_exception!(
+    _native,
+    Failure,
+    PyException,
+    "A failure of the format API: args are (code, detail); `cozytensors` raises it as the \
+     `Error` subclass of that code."
+);
+
+/// A failure with its code (`not_found`, `invalid`, `integrity`, `unknown_scheme`, `decode`,
+/// `io`, `format`, `unsupported`: the reference's families) and what happened.
+pub(crate) fn failure(code: &str, detail: impl Into<String>) -> PyErr {
+    Failure::new_err((code.to_owned(), detail.into()))
+}
+
+fn store_failure(e: &StoreError) -> PyErr {
+    let code = match e {
+        StoreError::Absent { .. } => "not_found",
+        StoreError::Mismatch { .. } => "integrity",
+        StoreError::Format { .. } | StoreError::NotAStore { .. } => "format",
+        StoreError::NoSpace { .. } => "full",
+        _ => "io",
+    };
+    failure(code, e.to_string())
+}
+
+fn read_failure(what: &str, e: &std::io::Error) -> PyErr {
+    let code = match e.kind() {
+        std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => "integrity",
+        std::io::ErrorKind::NotFound => "not_found",
+        _ => "io",
+    };
+    failure(code, format!("{what}: {e}"))
+}
+
+/// One commit of a store, opened by [`open_checkpoint`]; its objects are held (the retention
+/// regime's `holds/` record) until [`Checkpoint::close`] or the object is dropped.
+#[pyclass(module = "cozytensors._native", frozen)]
+pub struct Checkpoint {
+    root: PathBuf,
+    reader: Arc<BlobReader>,
+    commit: Commit,
+    repo: Option<String>,
+    release: Option<String>,
+    lane: String,
+    hold: Mutex<Option<Hold>>,
+}
+
+/// Opens the commit that `name` (`org/name`, or `sha256:<commit>`), `release` (a version or a
+/// commit; `None`: the newest) and `lane` (`None`: the revision's only lane) name in the store
+/// at `store`.
+///
+/// # Errors
+/// `Failure` `not_found` (no such store, repo, revision or lane), `invalid` (several lanes and
+/// none named, a malformed name), `format`, `integrity` or `io` (documents that cannot be read).
+#[pyfunction]
+#[pyo3(signature = (store, name, release=None, lane=None))]
+pub fn open_checkpoint(
+    py: Python<'_>,
+    store: PathBuf,
+    name: &str,
+    release: Option<&str>,
+    lane: Option<&str>,
+) -> PyResult<Checkpoint> {
+    if name.contains('@') && release.is_some() {
+        return Err(failure(
+            "invalid",
+            format!("{name:?} names a revision after '@' and release= names another"),
+        ));
+    }
+    let reference = match release {
+        Some(release) => format!("{name}@{release}"),
+        None => name.to_owned(),
+    };
+    if !store.exists() {
+        return Err(failure(
+            "not_found",
+            format!(
+                "no store at {} (tensorfs import creates one)",
+                store.display()
+            ),
+        ));
+    }
+    let opened = Store::open_existing(&store).map_err(|e| store_failure(&e))?;
+    let (target, commit) = py
+        .detach(|| revisions::resolve_one(&opened, &reference, lane))
+        .map_err(|e| match &e {
+            ResolveError::Store(s) => store_failure(s),
+            e if e.is_not_found() => failure("not_found", e.to_string()),
+            e => failure("invalid", e.to_string()),
+        })?;
+    // A store this process may only read is read without a hold (as a mount reads it).
+    let hold = opened
+        .hold(
+            commit
+                .header
+                .objects()
+                .chain([&commit.header_ref, &commit.id]),
+        )
+        .ok();
+    let release = release.map(str::to_owned).or_else(|| {
+        name.split_once('@')
+            .map(|(_, r)| r.to_owned())
+            .filter(|r| r != revisions::LATEST)
+    });
+    Ok(Checkpoint {
+        reader: crate::reader(&store)?,
+        root: store,
+        commit,
+        repo: target.repo,
+        release,
+        lane: target.lane,
+        hold: Mutex::new(hold),
+    })
+}
+
+impl Checkpoint {
+    fn header(&self) -> &Header {
+        &self.commit.header
+    }
+
+    fn component(&self, name: &str) -> PyResult<&Component> {
+        self.header().component(name).ok_or_else(|| {
+            let names: Vec<&str> = self
+                .header()
+                .components
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect();
+            failure(
+                "not_found",
+                format!(
+                    "{}: no component {name:?} (it has: {})",
+                    self.label(),
+                    names.join(", ")
+                ),
+            )
+        })
+    }
+
+    fn tensor<'a>(&self, component: &'a Component, key: &str) -> PyResult<&'a Tensor> {
+        component
+            .tensors
+            .iter()
+            .find(|t| t.key == key)
+            .ok_or_else(|| {
+                failure(
+                    "not_found",
+                    format!(
+                        "{}: component {} has no tensor {key:?}",
+                        self.label(),
+                        component.name
+                    ),
+                )
+            })
+    }
+
+    /// How errors name this checkpoint: `org/name lane (sha256:…)`.
+    fn label(&self) -> String {
+        match &self.repo {
+            Some(repo) => format!("{repo} {} ({})", self.lane, self.commit.id.id()),
+            None => self.commit.id.id(),
+        }
+    }
+
+    /// The bytes at `location`, from the store's blobs, proven as they are read.
+    fn bytes(&self, py: Python<'_>, location: Location, what: &str) -> PyResult<Bytes> {
+        let mut bytes = Bytes::zeroed(location.length as usize);
+        let header = self.header();
+        let pieces: Vec<(usize, u64, u64)> = header.pieces(location).collect();
+        let mut reads = Vec::with_capacity(pieces.len());
+        let mut rest = bytes.as_mut_slice();
+        for &(chunk, offset, length) in &pieces {
+            let (head, tail) = rest.split_at_mut(length as usize);
+            reads.push(ObjectRead {
+                object: &header.chunks[chunk],
+                offset,
+                buf: head,
+            });
+            rest = tail;
+        }
+        py.detach(|| self.reader.read_objects(&mut reads))
+            .map_err(|e| read_failure(what, &e))?;
+        Ok(bytes)
+    }
+
+    fn array(
+        &self,
+        py: Python<'_>,
+        dtype: &Dtype,
+        shape: &[u64],
+        location: Location,
+        what: &str,
+    ) -> PyResult<Array> {
+        Ok(Array::new(
+            dtype.clone(),
+            shape.to_vec(),
+            self.bytes(py, location, what)?,
+        ))
+    }
+}
+
+#[pymethods]
+impl Checkpoint {
+    /// `(repo or None, release or None, lane, commit id, header id, store root)`.
+    fn identity(
+        &self,
+    ) -> (
+        Option<String>,
+        Option<String>,
+        String,
+        String,
+        String,
+        PathBuf,
+    ) {
+        (
+            self.repo.clone(),
+            self.release.clone(),
+            self.lane.clone(),
+            self.commit.id.id(),
+            self.commit.header_ref.id(),
+            self.root.clone(),
+        )
+    }
+
+    /// The header as Python values: `{"pipeline": None | (class, config), "metadata": dict,
+    /// "chunks": [(sha256 hex, length)], "components": [(name, class, config, config file, {asset: (sha256, length)},
+    /// [(key, dtype, shape, None | (scheme, params), [(role, dtype, shape)])])]}`, classes as
+    /// `(library, version, name)`, components and tensors in construction order.
+    fn describe<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let header = self.header();
+        let out = PyDict::new(py);
+        match &header.pipeline {
+            None => out.set_item("pipeline", py.None())?,
+            Some(p) => out.set_item("pipeline", (class(&p.class), config(py, &p.config)?))?,
+        }
+        out.set_item("metadata", config(py, &header.metadata)?)?;
+        let chunks: Vec<(String, u64)> = header
+            .chunks
+            .iter()
+            .map(|c| (c.sha256.hex(), c.length))
+            .collect();
+        out.set_item("chunks", chunks)?;
+        let components = PyList::empty(py);
+        for c in &header.components {
+            let assets = PyDict::new(py);
+            for (name, object) in &c.assets {
+                assets.set_item(name, (object.sha256.hex(), object.length))?;
+            }
+            let tensors = PyList::empty(py);
+            for t in &c.tensors {
+                let (encoding, parts) = match &t.body {
+                    Body::Plain(_) => (py.None(), PyList::empty(py)),
+                    Body::Encoded { encoding, parts } => {
+                        let e = &header.encodings[*encoding];
+                        let list = PyList::empty(py);
+                        for p in parts {
+                            list.append((&p.role, p.dtype.name(), &p.shape))?;
+                        }
+                        (
+                            (&e.scheme, config(py, &e.params)?)
+                                .into_pyobject(py)?
+                                .into_any()
+                                .unbind(),
+                            list,
+                        )
+                    }
+                };
+                tensors.append((&t.key, t.dtype.name(), &t.shape, encoding, parts))?;
+            }
+            components.append((
+                &c.name,
+                class(&c.class),
+                config(py, &c.config)?,
+                c.config_name(),
+                assets,
+                tensors,
+            ))?;
+        }
+        out.set_item("components", components)?;
+        Ok(out)
+    }
+
+    /// The tensor `key` of `component`: an [`Array`] of its logical bytes when it is plain or
+    /// `decode` is true (decoded by the scheme's decoder), else `(scheme, params,
+    /// [(role, Array)])`, its parts as stored.
+    ///
+    /// # Errors
+    /// `Failure` `not_found` (no such component or tensor, an absent blob), `integrity` (a
+    /// damaged blob), `unknown_scheme` or `decode` (with `decode`), `io`.
+    #[pyo3(signature = (component, key, decode=false))]
+    fn read(
+        &self,
+        py: Python<'_>,
+        component: &str,
+        key: &str,
+        decode: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.component(component)?;
+        let t = self.tensor(c, key)?;
+        let what = format!("{}: {}/{}", self.label(), c.name, t.key);
+        match &t.body {
+            Body::Plain(location) => Ok(self
+                .array(py, &t.dtype, &t.shape, *location, &what)?
+                .into_pyobject(py)?
+                .into_any()
+                .unbind()),
+            Body::Encoded { encoding, parts } => {
+                let encoding = &self.header().encodings[*encoding];
+                let mut stored = Vec::with_capacity(parts.len());
+                for p in parts {
+                    let what = format!("{what} part {}", p.role);
+                    stored.push(self.bytes(py, p.location, &what)?);
+                }
+                if !decode {
+                    let list = PyList::empty(py);
+                    for (p, bytes) in parts.iter().zip(stored) {
+                        let array = Array::new(p.dtype.clone(), p.shape.clone(), bytes);
+                        list.append((&p.role, array))?;
+                    }
+                    return Ok((&encoding.scheme, config(py, &encoding.params)?, list)
+                        .into_pyobject(py)?
+                        .into_any()
+                        .unbind());
+                }
+                let tensor = decode::Encoded {
+                    scheme: &encoding.scheme,
+                    params: &encoding.params,
+                    dtype: &t.dtype,
+                    shape: &t.shape,
+                    parts: parts
+                        .iter()
+                        .zip(&stored)
+                        .map(|(p, bytes)| decode::Part {
+                            role: &p.role,
+                            dtype: &p.dtype,
+                            shape: &p.shape,
+                            bytes: bytes.as_slice(),
+                        })
+                        .collect(),
+                };
+                let size = decode::Logical::of(&t.dtype).map(|l| l.size()).unwrap_or(0);
+                let elements: u64 = t.shape.iter().product();
+                let mut out = Bytes::zeroed((elements as usize).saturating_mul(size));
+                py.detach(|| decode::decode(&tensor, out.as_mut_slice()))
+                    .map_err(|e| {
+                        let code = match e {
+                            decode::DecodeError::UnknownScheme(_) => "unknown_scheme",
+                            _ => "decode",
+                        };
+                        failure(code, format!("{what}: {e}"))
+                    })?;
+                Ok(Array::new(t.dtype.clone(), t.shape.clone(), out)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind())
+            }
+        }
+    }
+
+    /// The bytes of asset `name` of `component`, proven.
+    ///
+    /// # Errors
+    /// `Failure` `not_found` (no such component or asset), `integrity`, `io`.
+    fn asset<'py>(
+        &self,
+        py: Python<'py>,
+        component: &str,
+        name: &str,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let c = self.component(component)?;
+        let object: ObjectRef = *c.assets.get(name).ok_or_else(|| {
+            let names: Vec<&str> = c.assets.keys().map(String::as_str).collect();
+            failure(
+                "not_found",
+                format!(
+                    "{}: component {} has no asset {name:?} (it has: {})",
+                    self.label(),
+                    c.name,
+                    names.join(", ")
+                ),
+            )
+        })?;
+        let what = format!("{}: {}/{name}", self.label(), c.name);
+        let mut buf = vec![0u8; object.length as usize];
+        py.detach(|| self.reader.read_object(&object, 0, &mut buf))
+            .map_err(|e| read_failure(&what, &e))?;
+        Ok(PyBytes::new(py, &buf))
+    }
+
+    /// Releases the hold on this commit's objects (a later collection may then sweep them
+    /// if no ref keeps them); arrays already read stay valid.
+    fn close(&self) {
+        self.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+fn class(c: &tensorfs::format::ClassRef) -> (String, String, String) {
+    (c.library.clone(), c.version.clone(), c.name.clone())
+}
+
+fn config<'py>(
+    py: Python<'py>,
+    config: &std::collections::BTreeMap<String, Value>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (k, v) in config {
+        out.set_item(k, value(py, v)?)?;
+    }
+    Ok(out)
+}
+
+/// A header value as Python's: integers, text, bytes, lists, dicts, bools, None, floats.
+fn value<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Uint(n) => n.into_pyobject(py)?.into_any(),
+        // CBOR's negative integers store −1 − n.
+        Value::Nint(n) => (-1 - i128::from(*n)).into_pyobject(py)?.into_any(),
+        Value::Bytes(b) => PyBytes::new(py, b).into_any(),
+        Value::Text(t) => t.into_pyobject(py)?.into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(value(py, item)?)?;
+            }
+            list.into_any()
+        }
+        Value::Map(entries) => {
+            let dict = PyDict::new(py);
+            for (k, item) in entries {
+                dict.set_item(k, value(py, item)?)?;
+            }
+            dict.into_any()
+        }
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Null => py.None().into_bound(py),
+        Value::Float(f) => f.into_pyobject(py)?.into_any(),
+    })
+}
