@@ -141,12 +141,12 @@ pub struct Target {
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     /// No repo document of that name.
-    #[error("no repo {name:?} in the store at {}", root.display())]
+    #[error("no repo {name:?} in {place}")]
     NoRepo {
         /// The name asked for.
         name: String,
-        /// The store's root.
-        root: std::path::PathBuf,
+        /// Where it was looked for: `the store at <root>`, `<endpoint url>`.
+        place: String,
     },
     /// The repo has no such revision.
     #[error("repo {repo} has no revision {revision:?} (it has: {})", have.join(", "))]
@@ -195,6 +195,9 @@ pub enum ResolveError {
     /// The store failed to read a document the resolution needs.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Another source of documents (an endpoint) failed to give one.
+    #[error("{0}")]
+    Source(String),
 }
 
 impl ResolveError {
@@ -210,6 +213,16 @@ impl ResolveError {
     }
 }
 
+/// `reference` (module doc) split into its repo name (`None` for `sha256:<commit>`) and its
+/// revision ([`LATEST`] when it names none).
+pub fn split_reference(reference: &str) -> (Option<&str>, &str) {
+    match reference.split_once('@') {
+        Some((repo, rev)) => (Some(repo), rev),
+        None if reference.starts_with("sha256:") => (None, reference),
+        None => (Some(reference), LATEST),
+    }
+}
+
 /// Every lane that `reference` (module doc) names in `store`, or just `lane` when given.
 ///
 /// # Errors
@@ -220,62 +233,97 @@ pub fn resolve(
     reference: &str,
     lane: Option<&str>,
 ) -> Result<Vec<Target>, ResolveError> {
-    let (repo_name, revision) = match reference.split_once('@') {
-        Some((repo, rev)) => (Some(repo), rev),
-        None if reference.starts_with("sha256:") => (None, reference),
-        None => (Some(reference), LATEST),
-    };
-    let targets = match repo_name {
-        None => {
-            let commit = commit_by_hex(store, revision)?;
-            let tree = store.tree(&commit).map_err(|_| ResolveError::NotACommit {
-                commit,
-                root: store.root().to_path_buf(),
-            })?;
+    let (repo_name, revision) = split_reference(reference);
+    let Some(name) = repo_name else {
+        let commit = commit_by_hex(store, revision)?;
+        let tree = store.tree(&commit).map_err(|_| ResolveError::NotACommit {
+            commit,
+            root: store.root().to_path_buf(),
+        })?;
+        return pick_lane(
+            reference,
             vec![Target {
                 repo: None,
                 lane: lane_of(&tree),
                 commit,
-            }]
-        }
-        Some(name) => {
-            let repo = store.repo(name)?.ok_or_else(|| ResolveError::NoRepo {
-                name: name.to_owned(),
-                root: store.root().to_path_buf(),
-            })?;
-            let wanted = revision.strip_prefix("sha256:").unwrap_or(revision);
-            let Some(rev) = self::revision(&repo, wanted) else {
-                return Err(ResolveError::NoRevision {
-                    repo: name.to_owned(),
-                    revision: revision.to_owned(),
-                    have: revision_names(&repo),
-                });
-            };
-            lanes(&repo, rev, |commit| store.tree(commit).map(|t| t.lane))?
-                .into_iter()
-                .map(|(lane, commit)| Target {
-                    repo: Some(repo.name.clone()),
-                    lane,
-                    commit,
-                })
-                .collect()
-        }
+            }],
+            lane,
+        );
     };
-    match lane {
-        None => Ok(targets),
-        Some(lane) => {
-            let have: Vec<String> = targets.iter().map(|t| t.lane.clone()).collect();
-            let picked: Vec<Target> = targets.into_iter().filter(|t| t.lane == lane).collect();
-            if picked.is_empty() {
-                return Err(ResolveError::NoLane {
-                    reference: reference.to_owned(),
-                    lane: lane.to_owned(),
-                    have,
-                });
-            }
-            Ok(picked)
-        }
+    let repo = store.repo(name)?.ok_or_else(|| ResolveError::NoRepo {
+        name: name.to_owned(),
+        place: format!("the store at {}", store.root().display()),
+    })?;
+    resolve_in(&repo, reference, lane, |commit| {
+        Ok(store.tree(commit)?.lane)
+    })
+}
+
+/// The lanes that `reference`, a reference to `repo` (`<org>/<name>[@<revision>]`), names, or
+/// just `lane` when given; `lane_label` gives a commit's lane label (reading its tree, from a
+/// store or an endpoint).
+///
+/// # Errors
+/// No such revision or lane; what `lane_label` returns.
+pub fn resolve_in(
+    repo: &Repo,
+    reference: &str,
+    lane: Option<&str>,
+    lane_label: impl FnMut(&ObjectRef) -> Result<Option<String>, ResolveError>,
+) -> Result<Vec<Target>, ResolveError> {
+    let (_, revision) = split_reference(reference);
+    let wanted = revision.strip_prefix("sha256:").unwrap_or(revision);
+    let Some(rev) = self::revision(repo, wanted) else {
+        return Err(ResolveError::NoRevision {
+            repo: repo.name.clone(),
+            revision: revision.to_owned(),
+            have: revision_names(repo),
+        });
+    };
+    let targets = lanes(repo, rev, lane_label)?
+        .into_iter()
+        .map(|(lane, commit)| Target {
+            repo: Some(repo.name.clone()),
+            lane,
+            commit,
+        })
+        .collect();
+    pick_lane(reference, targets, lane)
+}
+
+/// `targets`, or only the one of lane `lane` when given.
+fn pick_lane(
+    reference: &str,
+    targets: Vec<Target>,
+    lane: Option<&str>,
+) -> Result<Vec<Target>, ResolveError> {
+    let Some(lane) = lane else {
+        return Ok(targets);
+    };
+    let have: Vec<String> = targets.iter().map(|t| t.lane.clone()).collect();
+    let picked: Vec<Target> = targets.into_iter().filter(|t| t.lane == lane).collect();
+    if picked.is_empty() {
+        return Err(ResolveError::NoLane {
+            reference: reference.to_owned(),
+            lane: lane.to_owned(),
+            have,
+        });
     }
+    Ok(picked)
+}
+
+/// Exactly one of `targets`, the lanes `reference` names.
+///
+/// # Errors
+/// [`ResolveError::SeveralLanes`] when there are several.
+pub fn only_lane(reference: &str, mut targets: Vec<Target>) -> Result<Target, ResolveError> {
+    if targets.len() != 1 {
+        return Err(ResolveError::SeveralLanes {
+            reference: reference.to_owned(),
+            have: targets.iter().map(|t| t.lane.clone()).collect(),
+        });
+    }
+    Ok(targets.remove(0))
 }
 
 /// Exactly one lane of `reference`, with its commit read.
@@ -288,14 +336,7 @@ pub fn resolve_one(
     reference: &str,
     lane: Option<&str>,
 ) -> Result<(Target, Commit), ResolveError> {
-    let mut targets = resolve(store, reference, lane)?;
-    if targets.len() != 1 {
-        return Err(ResolveError::SeveralLanes {
-            reference: reference.to_owned(),
-            have: targets.iter().map(|t| t.lane.clone()).collect(),
-        });
-    }
-    let target = targets.remove(0);
+    let target = only_lane(reference, resolve(store, reference, lane)?)?;
     let commit = store.commit(&target.commit)?;
     Ok((target, commit))
 }

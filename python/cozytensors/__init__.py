@@ -18,7 +18,7 @@ costs nothing until a loader opens a file.
 _LOADER = ("load_file", "safe_open")
 _API = (
     "Array", "Checkpoint", "ClassRef", "Component", "DecodeError", "DiskFullError", "Encoded",
-    "Encoding", "Error", "FormatError", "IntegrityError", "InvalidError", "NotFoundError",
+    "Encoding", "Error", "FormatError", "IntegrityError", "InvalidError", "NetworkError", "NotFoundError",
     "Pipeline", "StorageError", "TensorMetadata", "Tensors", "UnknownSchemeError",
     "UnsupportedError", "open",
 )

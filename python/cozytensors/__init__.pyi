@@ -13,6 +13,7 @@ from ._api import Error as Error
 from ._api import FormatError as FormatError
 from ._api import IntegrityError as IntegrityError
 from ._api import InvalidError as InvalidError
+from ._api import NetworkError as NetworkError
 from ._api import NotFoundError as NotFoundError
 from ._api import Pipeline as Pipeline
 from ._api import StorageError as StorageError

@@ -22,7 +22,7 @@ from ._native import Array
 
 __all__ = [
     "Array", "Checkpoint", "ClassRef", "Component", "DecodeError", "Encoded", "Encoding",
-    "Error", "FormatError", "IntegrityError", "InvalidError", "NotFoundError", "Pipeline",
+    "Error", "FormatError", "IntegrityError", "InvalidError", "NetworkError", "NotFoundError", "Pipeline",
     "StorageError", "TensorMetadata", "Tensors", "UnknownSchemeError", "UnsupportedError",
     "DiskFullError", "open",
 ]
@@ -99,11 +99,17 @@ class UnsupportedError(Error):
     code = "unsupported"
 
 
+class NetworkError(Error):
+    """A transfer from an endpoint failed or stalled (`network`)."""
+
+    code = "network"
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (
         InvalidError, FormatError, NotFoundError, IntegrityError, UnknownSchemeError,
-        DecodeError, StorageError, DiskFullError, UnsupportedError,
+        DecodeError, StorageError, DiskFullError, UnsupportedError, NetworkError,
     )
 }
 
@@ -336,20 +342,20 @@ def open(
     lane: Optional[str] = None,
     store: Union[str, "os.PathLike[str]", None] = None,
     endpoint: Optional[str] = None,
+    token: Optional[str] = None,
 ) -> Checkpoint:
     """Opens the checkpoint `name` (`org/name`, `org/name@revision`, or `sha256:<commit>`) of
     the local store `store` (default: the `tensorfs` command's, $TENSORFS_HOME or
     ~/.cache/tensorfs): `release` a release version or a commit (default: the newest), `lane`
     one of its lanes (default: its only one).
 
+    With `endpoint` (`https://…`, `http://` on loopback, `s3://bucket/prefix`, `file:///dir`:
+    what `tensorfs mount --endpoint` takes; `token` its bearer token), `name` is the endpoint's
+    `org/name`: its documents are fetched into `store` now and each chunk the first time a
+    read needs it, as a lazy mount fetches them, and kept there as cache.
+
     Raises `NotFoundError` (no such store, repo, release or lane), `InvalidError` (several
-    lanes and none named), `FormatError`, `IntegrityError`, `StorageError`;
-    `UnsupportedError` for `endpoint` (remote stores are read through `tensorfs download` or a
-    lazy mount for now)."""
-    if endpoint is not None:
-        raise UnsupportedError(
-            f"endpoint {endpoint!r}: this build opens local stores; run `tensorfs download "
-            f"--endpoint {endpoint} {name}` first, or mount it lazily"
-        )
+    lanes and none named, a malformed name or endpoint), `FormatError`, `IntegrityError`,
+    `StorageError`, `NetworkError` (an endpoint that fails)."""
     root = os.fspath(store) if store is not None else _default_store()
-    return Checkpoint(_call(_native.open_checkpoint, root, name, release, lane))
+    return Checkpoint(_call(_native.open_checkpoint, root, name, release, lane, endpoint, token))

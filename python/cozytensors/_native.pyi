@@ -35,7 +35,12 @@ class Checkpoint:
     def close(self) -> None: ...
 
 def open_checkpoint(
-    store: _Path, name: str, release: Optional[str] = None, lane: Optional[str] = None
+    store: _Path,
+    name: str,
+    release: Optional[str] = None,
+    lane: Optional[str] = None,
+    endpoint: Optional[str] = None,
+    token: Optional[str] = None,
 ) -> Checkpoint: ...
 def locate(fd: int, path: str, name: str) -> Optional[dict[str, Any]]: ...
 def describe(fd: int, path: str) -> Optional[str]: ...

@@ -338,10 +338,12 @@ impl Array {
     }
 
     fn __repr__(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
+        let comma = if dims.len() == 1 { "," } else { "" };
         format!(
-            "Array(dtype={}, shape={:?}, nbytes={})",
+            "Array(dtype={}, shape=({}{comma}), nbytes={})",
             self.dtype.name(),
-            self.shape,
+            dims.join(", "),
             self.bytes.as_slice().len()
         )
     }

@@ -10,8 +10,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use tensorfs::decode;
 use tensorfs::format::{Body, Component, Dtype, Header, Location, ObjectRef, Tensor, Value};
-use tensorfs::io::{BlobReader, ObjectRead, ObjectSource};
-use tensorfs::revisions::{self, ResolveError};
+use tensorfs::fs::Catalog;
+use tensorfs::io::{ObjectRead, ObjectSource};
+use tensorfs::lazy::{LazyConfig, LazyError, LazyMount};
+use tensorfs::revisions::{self, ResolveError, Target};
 use tensorfs::store::retention::Hold;
 use tensorfs::store::{Commit, Store, StoreError};
 
@@ -56,7 +58,8 @@ fn read_failure(what: &str, e: &std::io::Error) -> PyErr {
 #[pyclass(module = "cozytensors._native", frozen)]
 pub struct Checkpoint {
     root: PathBuf,
-    reader: Arc<BlobReader>,
+    /// The store's blobs, or for a remote checkpoint the lazy mount's fetching source.
+    reader: Arc<dyn ObjectSource>,
     commit: Commit,
     repo: Option<String>,
     release: Option<String>,
@@ -64,21 +67,35 @@ pub struct Checkpoint {
     hold: Mutex<Option<Hold>>,
 }
 
+fn resolve_failure(e: &ResolveError) -> PyErr {
+    match e {
+        ResolveError::Store(s) => store_failure(s),
+        ResolveError::Source(_) => failure("network", e.to_string()),
+        e if e.is_not_found() => failure("not_found", e.to_string()),
+        e => failure("invalid", e.to_string()),
+    }
+}
+
 /// Opens the commit that `name` (`org/name`, or `sha256:<commit>`), `release` (a version or a
 /// commit; `None`: the newest) and `lane` (`None`: the revision's only lane) name in the store
-/// at `store`.
+/// at `store`; with `endpoint`, the commit the endpoint names (`org/name` only), whose
+/// documents and, as they are read, chunks are fetched into the store at `store` (a cache
+/// with the lazy mount's rules: `tensorfs::lazy`).
 ///
 /// # Errors
 /// `Failure` `not_found` (no such store, repo, revision or lane), `invalid` (several lanes and
-/// none named, a malformed name), `format`, `integrity` or `io` (documents that cannot be read).
+/// none named, a malformed name, an endpoint URL refused), `format`, `integrity` or `io`
+/// (documents that cannot be read), `network` (an endpoint that fails).
 #[pyfunction]
-#[pyo3(signature = (store, name, release=None, lane=None))]
+#[pyo3(signature = (store, name, release=None, lane=None, endpoint=None, token=None))]
 pub fn open_checkpoint(
     py: Python<'_>,
     store: PathBuf,
     name: &str,
     release: Option<&str>,
     lane: Option<&str>,
+    endpoint: Option<&str>,
+    token: Option<String>,
 ) -> PyResult<Checkpoint> {
     if name.contains('@') && release.is_some() {
         return Err(failure(
@@ -90,23 +107,31 @@ pub fn open_checkpoint(
         Some(release) => format!("{name}@{release}"),
         None => name.to_owned(),
     };
-    if !store.exists() {
-        return Err(failure(
-            "not_found",
-            format!(
-                "no store at {} (tensorfs import creates one)",
-                store.display()
-            ),
-        ));
-    }
-    let opened = Store::open_existing(&store).map_err(|e| store_failure(&e))?;
-    let (target, commit) = py
-        .detach(|| revisions::resolve_one(&opened, &reference, lane))
-        .map_err(|e| match &e {
-            ResolveError::Store(s) => store_failure(s),
-            e if e.is_not_found() => failure("not_found", e.to_string()),
-            e => failure("invalid", e.to_string()),
-        })?;
+    let (opened, target, commit, source) = match endpoint {
+        None => {
+            if !store.exists() {
+                return Err(failure(
+                    "not_found",
+                    format!(
+                        "no store at {} (tensorfs import creates one)",
+                        store.display()
+                    ),
+                ));
+            }
+            let opened = Store::open_existing(&store).map_err(|e| store_failure(&e))?;
+            let (target, commit) = py
+                .detach(|| revisions::resolve_one(&opened, &reference, lane))
+                .map_err(|e| resolve_failure(&e))?;
+            let source: Arc<dyn ObjectSource> = crate::reader(&store)?;
+            (opened, target, commit, source)
+        }
+        Some(endpoint) => {
+            let opened = Store::open(&store).map_err(|e| store_failure(&e))?;
+            let (target, commit, source) =
+                py.detach(|| open_remote(&opened, endpoint, token, &reference, lane))?;
+            (opened, target, commit, source)
+        }
+    };
     // A store this process may only read is read without a hold (as a mount reads it).
     let hold = opened
         .hold(
@@ -122,7 +147,7 @@ pub fn open_checkpoint(
             .filter(|r| r != revisions::LATEST)
     });
     Ok(Checkpoint {
-        reader: crate::reader(&store)?,
+        reader: source,
         root: store,
         commit,
         repo: target.repo,
@@ -130,6 +155,64 @@ pub fn open_checkpoint(
         lane: target.lane,
         hold: Mutex::new(hold),
     })
+}
+
+/// The commit that `reference` and `lane` name at `endpoint`, its documents fetched into
+/// `store`, and the source that fetches its chunks as they are read.
+fn open_remote(
+    store: &Store,
+    endpoint: &str,
+    token: Option<String>,
+    reference: &str,
+    lane: Option<&str>,
+) -> PyResult<(Target, Commit, Arc<dyn ObjectSource>)> {
+    let (Some(name), _) = revisions::split_reference(reference) else {
+        return Err(failure(
+            "invalid",
+            format!("{reference}: name the endpoint's model as org/name[@revision]"),
+        ));
+    };
+    let mut config = LazyConfig::new(endpoint);
+    config.token = token;
+    config.repos = vec![name.to_owned()];
+    let lazy = LazyMount::open(store.clone(), config).map_err(|e| match &e {
+        LazyError::Endpoint(_) | LazyError::Repo(_) => failure("invalid", e.to_string()),
+        _ => failure("io", e.to_string()),
+    })?;
+    let entry = lazy
+        .catalog
+        .repos()
+        .map_err(|e| store_failure(&e))?
+        .into_iter()
+        .find(|e| e.repo.name.eq_ignore_ascii_case(name));
+    let Some(entry) = entry else {
+        // Absent, or at an endpoint that did not answer within the start-up wait.
+        if lazy.catalog.reachable() != Some(true) {
+            return Err(failure(
+                "network",
+                format!("{endpoint} did not answer for {name} (is it up, and the URL right?)"),
+            ));
+        }
+        return Err(resolve_failure(&ResolveError::NoRepo {
+            name: name.to_owned(),
+            place: endpoint.to_owned(),
+        }));
+    };
+    let lane_label = |commit: &ObjectRef| {
+        lazy.catalog
+            .commit_lane(commit)
+            .map(|l| l.lane)
+            .map_err(|e| ResolveError::Source(e.to_string()))
+    };
+    let targets = revisions::resolve_in(&entry.repo, reference, lane, lane_label)
+        .map_err(|e| resolve_failure(&e))?;
+    let target = revisions::only_lane(reference, targets).map_err(|e| resolve_failure(&e))?;
+    // Fetches the commit's tree and header (a release's lanes name commits without them).
+    lane_label(&target.commit).map_err(|e| resolve_failure(&e))?;
+    let commit = store
+        .commit(&target.commit)
+        .map_err(|e| store_failure(&e))?;
+    Ok((target, commit, lazy.objects))
 }
 
 impl Checkpoint {

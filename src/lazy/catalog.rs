@@ -92,6 +92,12 @@ impl RemoteCatalog {
         catalog
     }
 
+    /// Whether the endpoint's last reading reached it; `None` while none has ended (an
+    /// endpoint that does not answer within [`LazyConfig::startup_wait`]).
+    pub fn reachable(&self) -> Option<bool> {
+        read(&self.remote).reachable
+    }
+
     /// Reads the endpoint's models in the background, unless a reading is under way; `done`
     /// hears when it ends.
     fn start_refresh(&self, done: Option<std::sync::mpsc::Sender<()>>) {
