@@ -224,3 +224,69 @@ fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A quantized lane beside the original never stands in for it: huggingface_hub finds
+/// `model.safetensors` in the snapshot, and it must be the original's bytes, not the encoded
+/// lane's raw parts (which Transformers loads as wrong weights). A repo whose only lane is
+/// encoded shows its decoded view.
+#[test]
+fn an_encoded_lane_never_shadows_the_original_in_a_snapshot() {
+    use safetensors::Dtype::F32;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let floats: Vec<u8> = (0..64 * 256)
+        .flat_map(|i| ((i as f32) * 0.013).sin().to_le_bytes())
+        .collect();
+    let weights = common::safetensors_file(
+        &[
+            common::T("dense.weight", F32, vec![64, 256], floats),
+            common::T("dense.bias", F32, vec![64], vec![0; 256]),
+        ],
+        Some(&[("format", "pt")]),
+    );
+    common::write_tree(
+        &src,
+        &[
+            ("config.json", b"{\"hidden_size\": 256}\n".to_vec()),
+            ("model.safetensors", weights.clone()),
+        ],
+    );
+    let root = dir.path().join("store");
+    let src_arg = src.to_str().unwrap();
+    common::ok(&root, &["import", src_arg, "--name", "local/q"]);
+    for name in ["local/q8", "local/q"] {
+        let args = [
+            "quantize",
+            "local/q",
+            "--scheme",
+            "int8.rowwise",
+            "--name",
+            name,
+        ];
+        common::ok(&root, &args);
+    }
+    let store = Store::open(&root).unwrap();
+    let m = fuse_support::mount(&store);
+    assert_eq!(
+        fuse_support::list(&m.path("local/q/latest")).len(),
+        3,
+        "f32, int8 and @decoded"
+    );
+
+    let snapshot = |repo: &str| {
+        let folder = m.path("@hf").join(format!("models--local--{repo}"));
+        let main = fs::read_to_string(folder.join("refs/main")).unwrap();
+        folder.join("snapshots").join(main)
+    };
+    // (Compared without printing the files when they differ.)
+    assert!(
+        fs::read(snapshot("q").join("model.safetensors")).unwrap() == weights,
+        "the original's bytes, not the quantized lane's"
+    );
+    let decoded = m.path("local/q8/latest/int8.rowwise@decoded/model.safetensors");
+    assert!(
+        fs::read(snapshot("q8").join("model.safetensors")).unwrap() == fs::read(decoded).unwrap(),
+        "an encoded lane alone shows decoded"
+    );
+    m.unmount();
+}

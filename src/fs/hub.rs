@@ -14,7 +14,9 @@
 //! its own name.
 //!
 //! Which snapshots (a snapshot is a group of lane commits, shown as one folder: the lanes'
-//! files by path, a path in two lanes taken from the newer commit):
+//! files by path, a path in two lanes taken from the newer commit; a lane with encoded
+//! tensors shows as its decoded view, and a path a plain lane has is the plain lane's, so a
+//! quantized lane never stands in for the original's `model.safetensors`):
 //! - each recorded hub revision, named by its commit;
 //! - each release, and the newest commit of each lane (`latest`), named by the recorded
 //!   revision with the same commits, else by a 40-hex digest of their ids ([`group_id`]);
@@ -407,15 +409,26 @@ impl TensorFs {
         if let Some(tree) = lock(&self.hub_trees).get(&group.key) {
             return Ok(tree.clone());
         }
-        let lanes = group
-            .commits
+        // A lane with encoded tensors holds their parts as stored, which no hub loader reads
+        // as the tensors: it shows decoded, and only the paths no plain lane has (a quantized
+        // lane's `model.safetensors` beside the original's is the original).
+        let mut plain = Vec::new();
+        let mut encoded = Vec::new();
+        for commit in &group.commits {
+            let lane = LaneRef {
+                commit: *commit,
+                decoded: self.commit_lane(commit)?.encoded,
+            };
+            if lane.decoded {
+                encoded.push(lane);
+            } else {
+                plain.push(lane);
+            }
+        }
+        let lanes = plain
             .iter()
-            .map(|commit| {
-                self.lane(&LaneRef {
-                    commit: *commit,
-                    decoded: false,
-                })
-            })
+            .chain(&encoded)
+            .map(|lane| self.lane(lane))
             .collect::<FsResult<Vec<_>>>()?;
         let tree = Arc::new(SnapshotTree::new(lanes));
         lock(&self.hub_trees).put(group.key, tree.clone());
