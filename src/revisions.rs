@@ -176,6 +176,14 @@ pub enum ResolveError {
         /// The revision's lanes.
         have: Vec<String>,
     },
+    /// The reference is not `<org>/<name>[@<revision>]` nor `sha256:<hex>`.
+    #[error("{reference:?} is not a reference: {why}")]
+    BadReference {
+        /// The reference as written.
+        reference: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// `sha256:<hex>` is not a digest.
     #[error("{text:?}: {why}")]
     BadDigest {
@@ -223,6 +231,29 @@ pub fn split_reference(reference: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// Refuses a reference whose repo name is not `<org>/<name>` (spec §7 segments: no `..`, no
+/// slash or NUL inside) or whose revision is empty or holds a slash, before any path is made
+/// of it.
+///
+/// # Errors
+/// [`ResolveError::BadReference`], saying why.
+pub fn check_reference(reference: &str) -> Result<(), ResolveError> {
+    let bad = |why: String| ResolveError::BadReference {
+        reference: reference.to_owned(),
+        why,
+    };
+    let (repo, revision) = split_reference(reference);
+    if let Some(repo) = repo {
+        crate::format::names::split_repo_name(repo).map_err(|e| bad(e.to_string()))?;
+    }
+    if revision.is_empty() || revision.contains(['/', '\0']) {
+        return Err(bad(format!(
+            "the revision {revision:?} is not latest, a release version or a commit"
+        )));
+    }
+    Ok(())
+}
+
 /// Every lane that `reference` (module doc) names in `store`, or just `lane` when given.
 ///
 /// # Errors
@@ -233,6 +264,7 @@ pub fn resolve(
     reference: &str,
     lane: Option<&str>,
 ) -> Result<Vec<Target>, ResolveError> {
+    check_reference(reference)?;
     let (repo_name, revision) = split_reference(reference);
     let Some(name) = repo_name else {
         let commit = commit_by_hex(store, revision)?;
@@ -271,6 +303,7 @@ pub fn resolve_in(
     lane: Option<&str>,
     lane_label: impl FnMut(&ObjectRef) -> Result<Option<String>, ResolveError>,
 ) -> Result<Vec<Target>, ResolveError> {
+    check_reference(reference)?;
     let (_, revision) = split_reference(reference);
     let wanted = revision.strip_prefix("sha256:").unwrap_or(revision);
     let Some(rev) = self::revision(repo, wanted) else {

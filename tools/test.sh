@@ -7,9 +7,9 @@
 #    s3s-fs (an S3 server for tests/upload.rs), built once into ~/.cache/tensorfs-dev;
 # 2. the Python venv (tools/venv.sh, cached in ~/.cache/tensorfs-dev; TENSORFS_VENV=/path uses
 #    an existing one), exported as TENSORFS_TEST_PYTHON for Rust tests that run Python clients;
-# 3. cargo test --release (all targets, then the GPU loader's tests with --features cuda,
-#    which check its "CUDA not available" error on a machine without a GPU); the crate has no
-#    doc tests, so none are compiled. A test that finds a prerequisite missing records its skip
+# 3. cargo test --release (all targets, the Python package's native crate's unit tests, then
+#    the GPU loader's tests with --features cuda, which check its "CUDA not available" error
+#    on a machine without a GPU); the crate has no doc tests, so none are compiled. A test that finds a prerequisite missing records its skip
 #    in target/tmp/skips.txt (under CI=true it fails instead, unless what is missing is a GPU),
 #    and the summary lists the skips by name and count;
 # 4. the end-to-end checks against the release binary and real FUSE mounts:
@@ -84,6 +84,9 @@ if [ $run_cargo = 1 ]; then
     rm -f "$skips"
     step "cargo test --release --all-targets (limit ${cargo_limit} s)" \
         timeout -k 30 "$cargo_limit" cargo test --release --all-targets
+    # The Python package's native crate (python/): its unit tests.
+    step "cargo test --release -p cozytensors --lib" \
+        timeout -k 30 "$cargo_limit" cargo test --release -p cozytensors --lib
     # The GPU loader's tests: without a GPU they check the "CUDA not available" error.
     step "cargo test --release --features cuda --test gpu" \
         timeout -k 30 "$cargo_limit" cargo test --release --features cuda --test gpu

@@ -13,6 +13,7 @@ hashed once per process). While a checkpoint is open its objects are held (`hold
 collection keeps them even if its ref is removed meanwhile.
 """
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -164,7 +165,9 @@ class Encoding:
         self.scheme, self.params = scheme, params
 
     def __str__(self) -> str:
-        return f"{self.scheme} {self.params}"
+        # As the reference writes it: `mxfp8 {block_size: 32, scale_layout: "row_major"}`.
+        params = ", ".join(f"{k}: {json.dumps(v)}" for k, v in self.params.items())
+        return f"{self.scheme} {{{params}}}"
 
     def __repr__(self) -> str:
         return f"Encoding({self.scheme!r}, {self.params!r})"

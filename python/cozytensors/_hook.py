@@ -1,11 +1,12 @@
 """Routes unmodified loaders to cozytensors for files of TensorFS mounts (`COZYTENSORS_HOOK=1`).
 
 The wheel installs `cozytensors.pth`, which Python runs at every start-up: with the
-environment variable `COZYTENSORS_HOOK` set (and not `0`) it imports this module, which imports
-nothing heavy. It puts a finder on `sys.meta_path` that waits for `safetensors` to be imported
-and then replaces `safetensors.safe_open` by a function that opens files of TensorFS mounts
-with `cozytensors.safe_open` (straight from the store's blobs) and everything else with
-safetensors' own (kept as its `__wrapped__`). Since `safetensors.torch`, `safetensors.numpy`,
+environment variable `COZYTENSORS_HOOK` set (to anything but `0`, `false`, `no` or `off`) it
+imports this module, which imports nothing heavy. It puts a finder on `sys.meta_path` that
+waits for `safetensors` to be imported and then replaces `safetensors.safe_open` by a class
+whose call opens files of TensorFS mounts with `cozytensors.safe_open` (straight from the
+store's blobs) and everything else with safetensors' own (kept as its `__wrapped__`;
+`isinstance` answers for both). Since `safetensors.torch`, `safetensors.numpy`,
 Transformers, Diffusers and ComfyUI take `safe_open` from the `safetensors` module after it is
 patched (`from safetensors import safe_open`, `safetensors.safe_open(...)`), their loads go
 through it: `safetensors.torch.load_file`, `safe_open(...).get_tensor`, Transformers'
@@ -63,9 +64,13 @@ def _unescape(field: bytes) -> bytes:
 
 
 def on_tensorfs(filename) -> bool:
-    """Whether `filename` (a path) lies on a TensorFS mount."""
+    """Whether `filename` (a str or path-like path) lies on a TensorFS mount. Anything else,
+    bytes among them, is safetensors' to refuse, with its own error."""
     try:
-        path = os.path.realpath(os.fspath(filename))
+        path = os.fspath(filename)
+        if not isinstance(path, str):
+            return False
+        path = os.path.realpath(path)
     except (TypeError, ValueError):
         return False
     for point in _mount_points():
@@ -74,22 +79,33 @@ def on_tensorfs(filename) -> bool:
     return False
 
 
-def _patch(module):
-    original = getattr(module, "safe_open", None)
-    if original is None or getattr(original, "__wrapped__", None) is not None:
-        return
+class _Routing(type):
+    """The metaclass of the patched `safetensors.safe_open`: calling it opens the file with
+    cozytensors on a mount and with safetensors elsewhere; `isinstance` answers for both
+    kinds of object, as it did for safetensors' class."""
 
-    def safe_open(filename, framework, device="cpu", *args, **kwargs):
+    def __call__(cls, filename, framework, device="cpu", *args, **kwargs):
         if not args and on_tensorfs(filename):
             from ._loader import safe_open as ours
 
             return ours(filename, framework, device, **kwargs)
-        return original(filename, framework, device, *args, **kwargs)
+        return cls.__wrapped__(filename, framework, device, *args, **kwargs)
 
-    safe_open.__wrapped__ = original
-    safe_open.__doc__ = original.__doc__
-    safe_open.__qualname__ = safe_open.__name__ = "safe_open"
-    safe_open.__module__ = "safetensors"
+    def __instancecheck__(cls, obj):
+        from ._loader import safe_open as ours
+
+        return isinstance(obj, (cls.__wrapped__, ours))
+
+
+def _patch(module):
+    original = getattr(module, "safe_open", None)
+    if original is None or getattr(original, "__wrapped__", None) is not None:
+        return
+    safe_open = _Routing(
+        "safe_open",
+        (),
+        {"__wrapped__": original, "__doc__": original.__doc__, "__module__": "safetensors"},
+    )
     module.safe_open = safe_open
 
 

@@ -29,6 +29,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 from typing import Any, Dict, List, Optional
 
 import safetensors
@@ -135,6 +136,12 @@ class safe_open:
         self._parts = None
         self._decoded = set()
         self._store = None
+        self._closed = False
+        # The mmap backend's copy-on-write mapping of each blob, shared by the tensors this
+        # handle builds from it (as safetensors maps its file once): a mapping keeps a
+        # descriptor, and a model has thousands of tensors but few blobs.
+        self._maps: Dict[str, mmap.mmap] = {}
+        self._maps_lock = threading.Lock()
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
         if framework in ("pt", "torch", "numpy", "np"):
@@ -204,25 +211,40 @@ class safe_open:
     def __enter__(self):
         return self
 
-    def __exit__(self, *_exc):
+    def __exit__(self, *exc):
+        if not self._fast:
+            # safetensors' own answers "File is closed" from now on.
+            return self._inner.__exit__(*exc)
         # Tensors already built stay valid: their mappings and buffers own their bytes.
-        self._inner = None
+        self._closed = True
+        if self._inner is not None:
+            self._inner.__exit__(*exc)
+            self._inner = None
         self._close()
+        with self._maps_lock:
+            self._maps.clear()
         return False
+
+    def _check_open(self):
+        if self._closed:
+            raise SafetensorError("File is closed")
 
     def keys(self) -> List[str]:
         if not self._fast:
             return self._inner.keys()
+        self._check_open()
         return sorted(self._tensors)
 
     def offset_keys(self) -> List[str]:
         if not self._fast:
             return self._inner.offset_keys()
+        self._check_open()
         return sorted(self._tensors, key=lambda k: (self._tensors[k]["data_offsets"][0], k))
 
     def metadata(self) -> Optional[Dict[str, str]]:
         if not self._fast:
             return self._inner.metadata()
+        self._check_open()
         return self._metadata
 
     def get_slice(self, name: str):
@@ -233,8 +255,7 @@ class safe_open:
         slices are safetensors' own (its slicing rules differ from NumPy's)."""
         if not self._fast:
             return self._inner.get_slice(name)
-        if self._fd is None:
-            raise SafetensorError("File is closed")
+        self._check_open()
         entry = self._tensors.get(name)
         if entry is None:
             raise SafetensorError(f"File does not contain tensor {name}")
@@ -248,8 +269,7 @@ class safe_open:
     def get_tensor(self, name: str):
         if not self._fast:
             return self._inner.get_tensor(name)
-        if self._fd is None:
-            raise SafetensorError("File is closed")
+        self._check_open()
         entry = self._tensors.get(name)
         if entry is None:
             raise SafetensorError(f"File does not contain tensor {name}")
@@ -271,7 +291,12 @@ class safe_open:
         if (begin, end) in self._decoded:
             # Decoded as it is read: no blob holds these bytes.
             return self._safetensors_tensor(name)
-        buffer, offset = self._bytes(name, begin, end)
+        try:
+            buffer, offset = self._bytes(name, begin, end)
+        except PermissionError:
+            # A blob this process may not read, in a store whose blobs it may: the daemon
+            # reads it for the mount.
+            return self._safetensors_tensor(name)
         items = count // _ELEMENT_BYTES[dtype_name]
         if torch:
             import torch as t
@@ -314,16 +339,18 @@ class safe_open:
         if extents is None:
             raise OSError(errno.EIO, f"{what}: the daemon locates no part at bytes {begin}..{end}")
         if len(extents) == 1 and self._backend == "mmap":
-            sha, blob_length, offset, length, _, stamp = extents[0]
-            fd = _native.open_blob(store, sha, blob_length, what, stamp)
-            try:
-                start = offset - offset % mmap.ALLOCATIONGRANULARITY
-                mapping = mmap.mmap(
-                    fd, offset + length - start, access=mmap.ACCESS_COPY, offset=start
-                )
-            finally:
-                os.close(fd)
-            return mapping, offset - start
+            sha, blob_length, offset, _length, _, stamp = extents[0]
+            with self._maps_lock:
+                mapping = self._maps.get(sha)
+                if mapping is None:
+                    fd = _native.open_blob(store, sha, blob_length, what, stamp)
+                    try:
+                        mapping = mmap.mmap(fd, blob_length, access=mmap.ACCESS_COPY)
+                    finally:
+                        os.close(fd)
+                    if not self._closed:
+                        self._maps[sha] = mapping
+            return mapping, offset
         pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
         return _native.read(store, pieces, end - begin, what), 0
 

@@ -166,6 +166,7 @@ fn open_remote(
     reference: &str,
     lane: Option<&str>,
 ) -> PyResult<(Target, Commit, Arc<dyn ObjectSource>)> {
+    revisions::check_reference(reference).map_err(|e| resolve_failure(&e))?;
     let (Some(name), _) = revisions::split_reference(reference) else {
         return Err(failure(
             "invalid",

@@ -40,11 +40,19 @@ fn os_error(errno: i32, message: String) -> PyErr {
     PyOSError::new_err((errno, message))
 }
 
-fn io_error(what: &str, e: &io::Error) -> PyErr {
-    let errno = match e.kind() {
+/// The errno of a read's error: by kind, since the reader's errors wrap the OS error in a
+/// message naming the blob (a damaged blob is `EIO`).
+fn errno_of(e: &io::Error) -> i32 {
+    match e.kind() {
         io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => libc::EIO,
+        io::ErrorKind::PermissionDenied => libc::EACCES,
+        io::ErrorKind::NotFound => libc::ENOENT,
         _ => e.raw_os_error().unwrap_or(libc::EIO),
-    };
+    }
+}
+
+fn io_error(what: &str, e: &io::Error) -> PyErr {
+    let errno = errno_of(e);
     os_error(errno, format!("{what}: {e}"))
 }
 
@@ -265,4 +273,24 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_blob, m)?)?;
     m.add_function(wrap_pyfunction!(read, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrapped_os_error_keeps_its_errno() {
+        let wrapped = |kind| io::Error::new(kind, "blob ab…: Permission denied (os error 13)");
+        assert_eq!(
+            errno_of(&wrapped(io::ErrorKind::PermissionDenied)),
+            libc::EACCES
+        );
+        assert_eq!(errno_of(&wrapped(io::ErrorKind::NotFound)), libc::ENOENT);
+        assert_eq!(errno_of(&wrapped(io::ErrorKind::InvalidData)), libc::EIO);
+        assert_eq!(
+            errno_of(&io::Error::from_raw_os_error(libc::EROFS)),
+            libc::EROFS
+        );
+    }
 }

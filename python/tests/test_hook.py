@@ -183,3 +183,27 @@ def test_worker_processes_are_hooked_too(models):
         b"".join(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() for _, t in sorted(expected.items()))
     ).hexdigest()
     assert digest == want
+
+
+def test_the_patched_safe_open_is_still_a_class_for_isinstance(models):
+    weights = lane(models["mnt"], "bert") / "model.safetensors"
+    local = models["work"] / "bert" / "model.safetensors"
+    said = python(
+        f"""
+        import json, safetensors, cozytensors
+        mounted = safetensors.safe_open({str(weights)!r}, framework="pt")
+        elsewhere = safetensors.safe_open({str(local)!r}, framework="pt")
+        try:  # safetensors takes str paths only: its own TypeError
+            safetensors.safe_open({os.fsencode(str(weights))!r}, framework="pt")
+            as_bytes = "opened"
+        except TypeError as e:
+            as_bytes = "filename" in str(e)
+        print(json.dumps([isinstance(mounted, safetensors.safe_open),
+                          isinstance(elsewhere, safetensors.safe_open),
+                          isinstance(mounted, cozytensors.safe_open),
+                          getattr(mounted, "_fast", False),
+                          isinstance(3, safetensors.safe_open),
+                          as_bytes]))
+        """
+    )
+    assert said == [True, True, True, True, False, True]

@@ -321,3 +321,56 @@ def test_a_decoded_views_tensors_equal_the_files_own(tmp_path):
                 assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
     finally:
         unmount(mnt)
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_tensors_share_one_mapping_per_blob_as_safetensors_shares_its_file(mounted):
+    """A mapping keeps a descriptor: one per tensor ran a 1287-tensor model out of a
+    1024-descriptor limit. One per blob, shared by the handle's tensors, as safetensors maps
+    its file once (two reads of one name share their bytes; another handle's do not)."""
+    before = _fds()
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        kept = {name: ours.get_tensor(name) for name in ours.keys()}
+        blobs = {e[0] for p in ours._parts.values() for e in p if len(p) == 1}
+        assert len(kept) > len(blobs) + 2, "the file has more tensors than blobs"
+        assert _fds() - before <= len(blobs) + 1, "a descriptor per blob, not per tensor"
+        kept["layer.0.weight"][0] = 1234.0
+        assert ours.get_tensor("layer.0.weight")[0] == 1234.0, "shared within the handle"
+    with cozytensors.safe_open(mounted["file"], framework="pt") as again:
+        assert again.get_tensor("layer.0.weight")[0] != 1234.0, "not across handles"
+    with safetensors.safe_open(mounted["source"], framework="pt") as theirs:
+        for name, tensor in kept.items():
+            if name != "layer.0.weight":
+                assert same(tensor, theirs.get_tensor(name)), name
+    del kept
+    assert _fds() - before <= 1, "the descriptors go with the tensors"
+
+
+def test_a_closed_file_says_so_as_safetensors_does(mounted, tmp_path):
+    copy = tmp_path / "copy.safetensors"
+    shutil.copyfile(mounted["source"], copy)
+    for path in (mounted["file"], copy):
+        with cozytensors.safe_open(path, framework="pt") as f:
+            pass
+        for call in (f.keys, f.metadata, f.offset_keys, lambda: f.get_tensor("big")):
+            with pytest.raises(safetensors.SafetensorError, match="File is closed"):
+                call()
+        with f as again:  # re-entering gives the closed handle back, as safetensors does
+            assert again is f
+
+
+def test_a_blob_this_process_may_not_read_is_read_through_the_mount(mounted, monkeypatch):
+    def refused(store, sha256, length, what, stamp=None):
+        raise PermissionError(errno.EACCES, f"{what}: blob {sha256}: Permission denied")
+
+    monkeypatch.setattr(_native, "open_blob", refused)
+    monkeypatch.setattr(_native, "read", lambda store, extents, length, what: refused(store, extents[0][0], length, what))
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours, safetensors.safe_open(
+        mounted["source"], framework="pt"
+    ) as theirs:
+        assert ours._fast
+        for name in ["layer.0.weight", "big"]:
+            assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
