@@ -117,6 +117,30 @@ def _read_header(path: str) -> Optional[tuple]:
     return header, metadata, 8 + n
 
 
+# The device names safetensors 0.8 takes, alone or with `:<index>` (`cpu` only alone).
+_DEVICES = ("cuda", "mps", "npu", "xpu", "hpu", "mlu", "musa", "xla")
+
+
+def _check_device(device) -> None:
+    """Refuses a device as safetensors' `safe_open` does (same errors), for the files it does
+    not open itself."""
+    if device is None or device == "cpu":
+        return
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device >= 0:
+            return
+    elif isinstance(device, str):
+        name, colon, index = device.partition(":")
+        if name in _DEVICES:
+            if not colon:
+                return
+            if not index.isdigit():
+                raise ValueError("invalid digit found in string")
+            return
+    shown = device if isinstance(device, str) else repr(device)
+    raise SafetensorError(f"device {shown} is invalid")
+
+
 class safe_open:
     """Opens a safetensors file lazily, as `safetensors.safe_open` does, with the same
     arguments and results; tensors of a TensorFS mount come from the store's blobs (see the
@@ -145,6 +169,7 @@ class safe_open:
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
         if framework in ("pt", "torch", "numpy", "np"):
+            _check_device(device)
             parsed = _read_header(self._path)
             if parsed is not None:
                 self._tensors, self._metadata, self._data_start = parsed

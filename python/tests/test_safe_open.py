@@ -374,3 +374,12 @@ def test_a_blob_this_process_may_not_read_is_read_through_the_mount(mounted, mon
         assert ours._fast
         for name in ["layer.0.weight", "big"]:
             assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu:0", "bogus", -1, "cuda:x", "CUDA", "cpu "])
+def test_a_device_safetensors_refuses_is_refused_alike(mounted, device):
+    with pytest.raises(Exception) as theirs:
+        safetensors.safe_open(mounted["source"], framework="pt", device=device)
+    with pytest.raises(theirs.type) as ours:
+        cozytensors.safe_open(mounted["file"], framework="pt", device=device)
+    assert str(ours.value) == str(theirs.value)
