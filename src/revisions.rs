@@ -232,8 +232,8 @@ pub fn split_reference(reference: &str) -> (Option<&str>, &str) {
 }
 
 /// Refuses a reference whose repo name is not `<org>/<name>` (spec §7 segments: no `..`, no
-/// slash or NUL inside) or whose revision is empty or holds a slash, before any path is made
-/// of it.
+/// slash or NUL inside), whose revision is empty or holds a slash or `@`, or whose
+/// `sha256:` revision is not a digest, before any path is made of it.
 ///
 /// # Errors
 /// [`ResolveError::BadReference`], saying why.
@@ -246,10 +246,17 @@ pub fn check_reference(reference: &str) -> Result<(), ResolveError> {
     if let Some(repo) = repo {
         crate::format::names::split_repo_name(repo).map_err(|e| bad(e.to_string()))?;
     }
-    if revision.is_empty() || revision.contains(['/', '\0']) {
-        return Err(bad(format!(
+    let not_a_revision = || {
+        bad(format!(
             "the revision {revision:?} is not latest, a release version or a commit"
-        )));
+        ))
+    };
+    if revision.is_empty() || revision.contains(['/', '@', '\0']) {
+        return Err(not_a_revision());
+    }
+    if let Some(hex) = revision.strip_prefix("sha256:") {
+        hex.parse::<Sha256>()
+            .map_err(|e| bad(format!("the revision {revision:?}: {e}")))?;
     }
     Ok(())
 }

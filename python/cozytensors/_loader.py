@@ -30,6 +30,7 @@ import mmap
 import os
 import struct
 import threading
+import weakref
 from typing import Any, Dict, List, Optional
 
 import safetensors
@@ -121,22 +122,33 @@ def _read_header(path: str) -> Optional[tuple]:
 _DEVICES = ("cuda", "mps", "npu", "xpu", "hpu", "mlu", "musa", "xla")
 
 
-def _check_device(device) -> None:
-    """Refuses a device as safetensors' `safe_open` does (same errors), for the files it does
-    not open itself."""
+def _index(text: str) -> int:
+    """A device index as safetensors parses it (Rust's `usize` parse, and its errors)."""
+    if text == "":
+        raise ValueError("cannot parse integer from empty string")
+    digits = text[1:] if text.startswith("+") else text
+    if digits == "" or any(c not in "0123456789" for c in digits):
+        raise ValueError("invalid digit found in string")
+    value = int(digits)
+    if value >= 1 << 64:
+        raise ValueError("number too large to fit in target type")
+    return value
+
+
+def _check_device(device):
+    """The device as `.to()` takes it, refused as safetensors' `safe_open` refuses it (same
+    errors), for the files it does not open itself."""
     if device is None or device == "cpu":
-        return
-    if isinstance(device, int) and not isinstance(device, bool):
-        if device >= 0:
-            return
+        return "cpu"
+    if isinstance(device, bool):
+        return int(device)
+    if isinstance(device, int):
+        if 0 <= device < 1 << 64:
+            return device
     elif isinstance(device, str):
-        name, colon, index = device.partition(":")
-        if name in _DEVICES:
-            if not colon:
-                return
-            if not index.isdigit():
-                raise ValueError("invalid digit found in string")
-            return
+        parts = device.split(":")
+        if parts[0] in _DEVICES and len(parts) <= 2:
+            return device if len(parts) == 1 else f"{parts[0]}:{_index(parts[1])}"
     shown = device if isinstance(device, str) else repr(device)
     raise SafetensorError(f"device {shown} is invalid")
 
@@ -163,13 +175,14 @@ class safe_open:
         self._closed = False
         # The mmap backend's copy-on-write mapping of each blob, shared by the tensors this
         # handle builds from it (as safetensors maps its file once): a mapping keeps a
-        # descriptor, and a model has thousands of tensors but few blobs.
-        self._maps: Dict[str, mmap.mmap] = {}
+        # descriptor, and a model has thousands of tensors but few blobs. Held weakly, so a
+        # mapping goes when its last tensor does, before or after the file is closed.
+        self._maps: "weakref.WeakValueDictionary[str, mmap.mmap]" = weakref.WeakValueDictionary()
         self._maps_lock = threading.Lock()
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
         if framework in ("pt", "torch", "numpy", "np"):
-            _check_device(device)
+            self._device = _check_device(device)
             parsed = _read_header(self._path)
             if parsed is not None:
                 self._tensors, self._metadata, self._data_start = parsed
@@ -246,8 +259,6 @@ class safe_open:
             self._inner.__exit__(*exc)
             self._inner = None
         self._close()
-        with self._maps_lock:
-            self._maps.clear()
         return False
 
     def _check_open(self):
@@ -373,8 +384,7 @@ class safe_open:
                         mapping = mmap.mmap(fd, blob_length, access=mmap.ACCESS_COPY)
                     finally:
                         os.close(fd)
-                    if not self._closed:
-                        self._maps[sha] = mapping
+                    self._maps[sha] = mapping
             return mapping, offset
         pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
         return _native.read(store, pieces, end - begin, what), 0

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use tensorfs::format::Dtype;
 
-use crate::checkpoint::failure;
+use crate::failure::failure;
 
 /// Alignment of an array's bytes: a cache line, more than any dtype needs.
 const ALIGN: usize = 64;

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use tensorfs::decode;
@@ -18,20 +17,7 @@ use tensorfs::store::retention::Hold;
 use tensorfs::store::{Commit, Store, StoreError};
 
 use crate::array::{Array, Bytes};
-
-pyo3::create_exception!(
-    _native,
-    Failure,
-    PyException,
-    "A failure of the format API: args are (code, detail); `cozytensors` raises it as the \
-     `Error` subclass of that code."
-);
-
-/// A failure with its code (`not_found`, `invalid`, `integrity`, `unknown_scheme`, `decode`,
-/// `io`, `format`, `unsupported`: the reference's families) and what happened.
-pub(crate) fn failure(code: &str, detail: impl Into<String>) -> PyErr {
-    Failure::new_err((code.to_owned(), detail.into()))
-}
+use crate::failure::failure;
 
 fn store_failure(e: &StoreError) -> PyErr {
     let code = match e {
@@ -44,13 +30,21 @@ fn store_failure(e: &StoreError) -> PyErr {
     failure(code, e.to_string())
 }
 
-fn read_failure(what: &str, e: &std::io::Error) -> PyErr {
-    let code = match e.kind() {
-        std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => "integrity",
-        std::io::ErrorKind::NotFound => "not_found",
+/// The failure of a read; `remote`: of a checkpoint fetched from an endpoint, whose failed
+/// transfers are `TimedOut` (no progress within the fetch deadline) or `Other` (a final
+/// answer), never the kinds of a damaged or absent local blob.
+fn read_failure(what: &str, e: &std::io::Error, remote: bool) -> PyErr {
+    failure(read_code(e.kind(), remote), format!("{what}: {e}"))
+}
+
+fn read_code(kind: std::io::ErrorKind, remote: bool) -> &'static str {
+    use std::io::ErrorKind;
+    match kind {
+        ErrorKind::InvalidData | ErrorKind::UnexpectedEof => "integrity",
+        ErrorKind::NotFound => "not_found",
+        ErrorKind::TimedOut | ErrorKind::Other if remote => "network",
         _ => "io",
-    };
-    failure(code, format!("{what}: {e}"))
+    }
 }
 
 /// One commit of a store, opened by [`open_checkpoint`]; its objects are held (the retention
@@ -60,6 +54,8 @@ pub struct Checkpoint {
     root: PathBuf,
     /// The store's blobs, or for a remote checkpoint the lazy mount's fetching source.
     reader: Arc<dyn ObjectSource>,
+    /// Whether `reader` fetches from an endpoint.
+    remote: bool,
     commit: Commit,
     repo: Option<String>,
     release: Option<String>,
@@ -148,6 +144,7 @@ pub fn open_checkpoint(
     });
     Ok(Checkpoint {
         reader: source,
+        remote: endpoint.is_some(),
         root: store,
         commit,
         repo: target.repo,
@@ -173,6 +170,12 @@ fn open_remote(
             format!("{reference}: name the endpoint's model as org/name[@revision]"),
         ));
     };
+    if tensorfs::remote::is_local(name) {
+        return Err(failure(
+            "invalid",
+            format!("{name}: the org `local` is this machine's own; endpoints never serve it"),
+        ));
+    }
     let mut config = LazyConfig::new(endpoint);
     config.token = token;
     config.repos = vec![name.to_owned()];
@@ -282,7 +285,7 @@ impl Checkpoint {
             rest = tail;
         }
         py.detach(|| self.reader.read_objects(&mut reads))
-            .map_err(|e| read_failure(what, &e))?;
+            .map_err(|e| read_failure(what, &e, self.remote))?;
         Ok(bytes)
     }
 
@@ -486,7 +489,7 @@ impl Checkpoint {
         let what = format!("{}: {}/{name}", self.label(), c.name);
         let mut buf = vec![0u8; object.length as usize];
         py.detach(|| self.reader.read_object(&object, 0, &mut buf))
-            .map_err(|e| read_failure(&what, &e))?;
+            .map_err(|e| read_failure(&what, &e, self.remote))?;
         Ok(PyBytes::new(py, &buf))
     }
 
@@ -538,4 +541,23 @@ fn value<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
         Value::Null => py.None().into_bound(py),
         Value::Float(f) => f.into_pyobject(py)?.into_any(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_code;
+    use std::io::ErrorKind;
+
+    #[test]
+    fn a_failed_transfer_is_a_network_failure_and_a_local_fault_is_not() {
+        // A transfer that made no progress within the deadline, or got a final answer.
+        assert_eq!(read_code(ErrorKind::TimedOut, true), "network");
+        assert_eq!(read_code(ErrorKind::Other, true), "network");
+        assert_eq!(read_code(ErrorKind::Other, false), "io");
+        for remote in [false, true] {
+            assert_eq!(read_code(ErrorKind::InvalidData, remote), "integrity");
+            assert_eq!(read_code(ErrorKind::NotFound, remote), "not_found");
+            assert_eq!(read_code(ErrorKind::PermissionDenied, remote), "io");
+        }
+    }
 }

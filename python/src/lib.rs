@@ -32,6 +32,7 @@ use tensorfs::store::Store;
 
 mod array;
 mod checkpoint;
+mod failure;
 
 /// One reader per store root for the life of the process: each blob is proven once.
 static READERS: Mutex<Option<HashMap<PathBuf, Arc<BlobReader>>>> = Mutex::new(None);
@@ -266,7 +267,7 @@ fn read(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::Array>()?;
     m.add_class::<checkpoint::Checkpoint>()?;
-    m.add("Failure", m.py().get_type::<checkpoint::Failure>())?;
+    m.add("Failure", m.py().get_type::<failure::Failure>())?;
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(locate, m)?)?;

@@ -182,7 +182,7 @@ def test_errors_are_one_family_with_codes(store):
     error(lambda: cozytensors.open("local/plain", store=root / "absent"), cozytensors.NotFoundError, "not_found", "absent")
     error(lambda: cozytensors.open("sha256:12", store=root), cozytensors.InvalidError, "invalid", "sha256:12")
     for bad in ["", "local", "local/..", "../local/plain", "/abs/path", "local/plain\x00x", "local/plain@",
-                "local/plain@../../x"]:
+                "local/plain@../../x", "local/plain@sha256:", "local/plain@sha256:zz", "local/plain@@x"]:
         error(lambda: cozytensors.open(bad, store=root), cozytensors.InvalidError, "invalid")
     error(lambda: cozytensors.open("local/plain", endpoint="http://127.0.0.1:9", store=root), cozytensors.InvalidError, "invalid", "local")
     # Two lanes and none named: say which.

@@ -376,10 +376,29 @@ def test_a_blob_this_process_may_not_read_is_read_through_the_mount(mounted, mon
             assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
 
 
-@pytest.mark.parametrize("device", ["meta", "cpu:0", "bogus", -1, "cuda:x", "CUDA", "cpu "])
+@pytest.mark.parametrize("device", ["meta", "cpu:0", "bogus", -1, "cuda:x", "CUDA", "cpu ", "npu:0:0",
+                                    "cuda:", "cuda:99999999999999999999", 2**70])
 def test_a_device_safetensors_refuses_is_refused_alike(mounted, device):
     with pytest.raises(Exception) as theirs:
         safetensors.safe_open(mounted["source"], framework="pt", device=device)
     with pytest.raises(theirs.type) as ours:
         cozytensors.safe_open(mounted["file"], framework="pt", device=device)
     assert str(ours.value) == str(theirs.value)
+
+
+def test_slices_indexed_after_close_share_the_blobs_mappings(mounted):
+    """Slices taken while open and indexed after close (the documented use) map each blob
+    once, not once per tensor."""
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        slices = {name: ours.get_slice(name) for name in ours.keys()}
+        blobs = {e[0] for p in ours._parts.values() for e in p if len(p) == 1}
+    before = _fds()
+    kept = [s[...] for s in slices.values()]
+    assert len(kept) > len(blobs) + 2
+    assert _fds() - before <= len(blobs) + 1, "a descriptor per blob, not per tensor"
+
+
+@pytest.mark.parametrize("device", [True, False, "cuda:01", "cuda:+1"])
+def test_a_device_safetensors_takes_is_taken_alike(mounted, device):
+    safetensors.safe_open(mounted["source"], framework="pt", device=device)
+    cozytensors.safe_open(mounted["file"], framework="pt", device=device)
