@@ -82,15 +82,9 @@ impl Cli {
         if let Some(dir) = &self.store {
             return Ok(dir.clone());
         }
-        if let Some(dir) = std::env::var_os("TENSORFS_HOME").filter(|d| !d.is_empty()) {
-            return Ok(PathBuf::from(dir));
-        }
-        let home = std::env::var_os("HOME")
-            .filter(|d| !d.is_empty())
-            .ok_or_else(|| {
-                anyhow::anyhow!("no store: pass --store DIR or set TENSORFS_HOME (HOME is unset)")
-            })?;
-        Ok(PathBuf::from(home).join(".cache").join("tensorfs"))
+        crate::store::default_root().ok_or_else(|| {
+            anyhow::anyhow!("no store: pass --store DIR or set TENSORFS_HOME (HOME is unset)")
+        })
     }
 
     /// Opens the store, creating it when absent (for verbs that write one).

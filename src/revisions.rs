@@ -184,14 +184,6 @@ pub enum ResolveError {
         /// What is wrong with it.
         why: String,
     },
-    /// `sha256:<hex>` is not a digest.
-    #[error("{text:?}: {why}")]
-    BadDigest {
-        /// The text.
-        text: String,
-        /// What is wrong with it.
-        why: String,
-    },
     /// No object of that digest, or one that is not a commit.
     #[error("{} is not a commit (a cozytensors.tree/1 object) of the store at {}", commit.id(), root.display())]
     NotACommit {
@@ -384,8 +376,8 @@ pub fn resolve_one(
 /// The object with digest `text` (`sha256:<hex>` or hex), found by its blob.
 fn commit_by_hex(store: &Store, text: &str) -> Result<ObjectRef, ResolveError> {
     let hex = text.strip_prefix("sha256:").unwrap_or(text);
-    let sha256: Sha256 = hex.parse().map_err(|e| ResolveError::BadDigest {
-        text: text.to_owned(),
+    let sha256: Sha256 = hex.parse().map_err(|e| ResolveError::BadReference {
+        reference: text.to_owned(),
         why: format!("{e}"),
     })?;
     let probe = ObjectRef { sha256, length: 0 };

@@ -164,6 +164,17 @@ pub struct Commit {
     pub header: Header,
 }
 
+/// The store a command uses when none is named: `$TENSORFS_HOME` when set and not empty, else
+/// `$HOME/.cache/tensorfs`; `None` when neither variable is set. The command line's `--store`,
+/// and the Python package's `store=`, override it.
+pub fn default_root() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("TENSORFS_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    let home = std::env::var_os("HOME").filter(|d| !d.is_empty())?;
+    Some(PathBuf::from(home).join(".cache").join("tensorfs"))
+}
+
 impl Store {
     /// Opens the store at `root`, creating it when `root` is absent or empty.
     ///

@@ -106,13 +106,7 @@ class NetworkError(Error):
     code = "network"
 
 
-_BY_CODE = {
-    cls.code: cls
-    for cls in (
-        InvalidError, FormatError, NotFoundError, IntegrityError, UnknownSchemeError,
-        DecodeError, StorageError, DiskFullError, UnsupportedError, NetworkError,
-    )
-}
+_BY_CODE = {cls.code: cls for cls in Error.__subclasses__()}
 
 
 def _call(fn, *args, **kwargs):
@@ -122,15 +116,6 @@ def _call(fn, *args, **kwargs):
     except _native.Failure as e:
         code, detail = e.args
         raise _BY_CODE.get(code, Error)(detail) from None
-
-
-def _default_store() -> str:
-    """The store the `tensorfs` command uses without `--store`: $TENSORFS_HOME, else
-    ~/.cache/tensorfs."""
-    home = os.environ.get("TENSORFS_HOME")
-    if home:
-        return home
-    return os.path.join(os.path.expanduser("~"), ".cache", "tensorfs")
 
 
 class ClassRef(tuple):
@@ -209,10 +194,7 @@ class Tensors(Mapping):
         self._checkpoint, self._component, self._tensors = checkpoint, component, tensors
 
     def __getitem__(self, key: str) -> TensorMetadata:
-        try:
-            return self._tensors[key]
-        except KeyError:
-            raise KeyError(key) from None
+        return self._tensors[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -360,5 +342,9 @@ def open(
     Raises `NotFoundError` (no such store, repo, release or lane), `InvalidError` (several
     lanes and none named, a malformed name or endpoint), `FormatError`, `IntegrityError`,
     `StorageError`, `NetworkError` (an endpoint that fails)."""
-    root = os.fspath(store) if store is not None else _default_store()
-    return Checkpoint(_call(_native.open_checkpoint, root, name, release, lane, endpoint, token))
+    root = store if store is not None else _native.default_store()
+    if root is None:
+        raise NotFoundError("no store: pass store= or set TENSORFS_HOME (HOME is unset)")
+    return Checkpoint(
+        _call(_native.open_checkpoint, os.fspath(root), name, release, lane, endpoint, token)
+    )

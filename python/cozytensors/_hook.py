@@ -26,42 +26,6 @@ from importlib.machinery import PathFinder
 
 __all__ = ["install", "on_tensorfs"]
 
-# What the mount shows as its type in /proc/self/mountinfo (src/fuse/mountinfo.rs).
-_FSTYPE = b"fuse.tensorfs"
-
-
-def _mount_points():
-    """The mount points of TensorFS mounts this process sees."""
-    points = []
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return points
-    for line in lines:
-        fields = line.split()
-        # id, parent, dev, root, mount point, options, optional fields…, "-", type, source, …
-        try:
-            dash = fields.index(b"-")
-        except ValueError:
-            continue
-        if len(fields) > dash + 1 and fields[dash + 1] == _FSTYPE:
-            points.append(os.fsdecode(_unescape(fields[4])))
-    return points
-
-
-def _unescape(field: bytes) -> bytes:
-    """A mountinfo field with its octal escapes (`\\040` for a space) undone."""
-    out, i = bytearray(), 0
-    while i < len(field):
-        if field[i] == 0x5C and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(int(field[i + 1 : i + 4], 8) & 0xFF)
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return bytes(out)
-
 
 def on_tensorfs(filename) -> bool:
     """Whether `filename` (a str or path-like path) lies on a TensorFS mount. Anything else,
@@ -73,7 +37,11 @@ def on_tensorfs(filename) -> bool:
         path = os.path.realpath(path)
     except (TypeError, ValueError):
         return False
-    for point in _mount_points():
+    # The native module parses mountinfo as the daemon does; importing it is the first cost
+    # the hook has, paid at the first `safe_open`, not at start-up.
+    from . import _native
+
+    for point in map(os.fspath, _native.mounts()):
         if path == point or path.startswith(point.rstrip("/") + "/"):
             return True
     return False

@@ -172,7 +172,6 @@ class safe_open:
         self._parts = None
         self._decoded = set()
         self._store = None
-        self._closed = False
         # The mmap backend's copy-on-write mapping of each blob, shared by the tensors this
         # handle builds from it (as safetensors maps its file once): a mapping keeps a
         # descriptor, and a model has thousands of tensors but few blobs. Held weakly, so a
@@ -188,9 +187,13 @@ class safe_open:
                 self._tensors, self._metadata, self._data_start = parsed
                 self._fast = self._on_mount()
         if not self._fast:
-            self._inner = _safetensors_open()(
-                self._path, framework=framework, device=device, backend=backend
-            )
+            self._inner = self._open_safetensors()
+
+    def _open_safetensors(self):
+        """safetensors' own handle of the file, with this handle's arguments."""
+        return _safetensors_open()(
+            self._path, framework=self._framework, device=self._device, backend=self._backend
+        )
 
     def _on_mount(self) -> bool:
         """Whether this file is a TensorFS file whose store this process can read."""
@@ -233,9 +236,7 @@ class safe_open:
 
     def _safetensors(self):
         if self._inner is None:
-            self._inner = _safetensors_open()(
-                self._path, framework=self._framework, device=self._device, backend=self._backend
-            )
+            self._inner = self._open_safetensors()
         return self._inner
 
     def _close(self):
@@ -253,8 +254,8 @@ class safe_open:
         if not self._fast:
             # safetensors' own answers "File is closed" from now on.
             return self._inner.__exit__(*exc)
-        # Tensors already built stay valid: their mappings and buffers own their bytes.
-        self._closed = True
+        # Tensors already built stay valid: their mappings and buffers own their bytes. A
+        # mounted file is open while its descriptor is.
         if self._inner is not None:
             self._inner.__exit__(*exc)
             self._inner = None
@@ -262,7 +263,7 @@ class safe_open:
         return False
 
     def _check_open(self):
-        if self._closed:
+        if self._fd is None:
             raise SafetensorError("File is closed")
 
     def keys(self) -> List[str]:
@@ -350,9 +351,7 @@ class safe_open:
         slice was taken is opened again for it)."""
         if self._fd is not None:
             return self._safetensors().get_tensor(name)
-        with _safetensors_open()(
-            self._path, framework=self._framework, device=self._device, backend=self._backend
-        ) as again:
+        with self._open_safetensors() as again:
             return again.get_tensor(name)
 
     def _empty(self, dtype, shape, device):

@@ -11,11 +11,10 @@ use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use tensorfs::format::Dtype;
-
-use crate::failure::failure;
 
 /// Alignment of an array's bytes: a cache line, more than any dtype needs.
 const ALIGN: usize = 64;
@@ -252,8 +251,8 @@ impl Array {
     /// A DLPack capsule sharing the bytes; versioned when `max_version >= (1, 0)`.
     ///
     /// # Errors
-    /// `Failure` `unsupported`: a dtype DLPack has no code for (F4, F6), a device other than
-    /// the CPU, or `copy=True` asked of a producer that shares.
+    /// `BufferError` (the DLPack protocol's refusal to export): a dtype DLPack has no code for
+    /// (F4, F6), a device other than the CPU, or `copy=True` asked of a producer that shares.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__(
         &self,
@@ -265,22 +264,20 @@ impl Array {
     ) -> PyResult<Py<PyAny>> {
         let _ = stream; // host memory: nothing to order against
         let Some((code, bits)) = dl_dtype(&self.dtype) else {
-            return Err(failure(
-                "unsupported",
-                format!("DLPack has no dtype for {}", self.dtype.name()),
-            ));
+            return Err(PyBufferError::new_err(format!(
+                "DLPack has no dtype for {}",
+                self.dtype.name()
+            )));
         };
         if let Some((kind, id)) = dl_device {
             if (kind, id) != (CPU.device_type, CPU.device_id) {
-                return Err(failure(
-                    "unsupported",
-                    format!("the array is on the CPU, not DLPack device ({kind}, {id})"),
-                ));
+                return Err(PyBufferError::new_err(format!(
+                    "the array is on the CPU, not DLPack device ({kind}, {id})"
+                )));
             }
         }
         if copy == Some(true) {
-            return Err(failure(
-                "unsupported",
+            return Err(PyBufferError::new_err(
                 "the array shares its bytes; copy the consumer's array instead",
             ));
         }

@@ -262,6 +262,21 @@ fn read(
     }
 }
 
+/// The store the `tensorfs` command uses when none is named (`tensorfs::store::default_root`:
+/// `$TENSORFS_HOME`, else `~/.cache/tensorfs`); `None` when neither `TENSORFS_HOME` nor `HOME`
+/// is set.
+#[pyfunction]
+fn default_store() -> Option<PathBuf> {
+    tensorfs::store::default_root()
+}
+
+/// The mount points of the TensorFS mounts this process sees (`/proc/self/mountinfo`, a
+/// mount point mounted over counting only when its topmost mount is ours).
+#[pyfunction]
+fn mounts() -> Vec<PathBuf> {
+    tensorfs::fuse::session::mounts()
+}
+
 /// The module `cozytensors._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -269,6 +284,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<checkpoint::Checkpoint>()?;
     m.add("Failure", m.py().get_type::<failure::Failure>())?;
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(default_store, m)?)?;
+    m.add_function(wrap_pyfunction!(mounts, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(locate, m)?)?;
     m.add_function(wrap_pyfunction!(open_blob, m)?)?;

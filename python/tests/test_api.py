@@ -133,6 +133,12 @@ def test_every_dtype_shares_its_bytes_through_dlpack(store):
         as_torch, as_numpy = torch.from_dlpack(array), np.from_dlpack(array)
         as_torch[0, 0] = 1234.0
         assert as_numpy[0, 0] == 1234.0
+        # What DLPack cannot share is the protocol's BufferError.
+        with pytest.raises(BufferError, match="device"):
+            array.__dlpack__(dl_device=(2, 0))
+        with pytest.raises(BufferError, match="shares"):
+            array.__dlpack__(copy=True)
+        assert array.__dlpack_device__() == (1, 0)
         del array  # the consumers keep the bytes alive
         assert as_torch[0, 0] == 1234.0 and as_numpy.sum() == pytest.approx(as_torch.sum().item(), rel=1e-4)
 
@@ -185,6 +191,7 @@ def test_errors_are_one_family_with_codes(store):
                 "local/plain@../../x", "local/plain@sha256:", "local/plain@sha256:zz", "local/plain@@x"]:
         error(lambda: cozytensors.open(bad, store=root), cozytensors.InvalidError, "invalid")
     error(lambda: cozytensors.open("local/plain", endpoint="http://127.0.0.1:9", store=root), cozytensors.InvalidError, "invalid", "local")
+    error(lambda: cozytensors.open("local/plain@latest", release="1.0", store=root), cozytensors.InvalidError, "invalid", "release=")
     # Two lanes and none named: say which.
     tensorfs(root, "quantize", "local/dense", "--scheme", "int8.rowwise", "--name", "local/dense")
     error(lambda: cozytensors.open("local/dense", store=root), cozytensors.InvalidError, "invalid", "int8.rowwise")
@@ -287,3 +294,17 @@ def test_an_endpoints_checkpoint_fetches_only_what_is_read(store, tmp_path):
     with pytest.raises(cozytensors.NetworkError) as caught:
         cozytensors.open("acme/minilm", endpoint=url, store=tmp_path / "other")
     assert caught.value.code == "network" and url in caught.value.detail
+
+
+def test_without_store_it_opens_the_commands_store(store, monkeypatch):
+    """`store=None` is the `tensorfs` command's store: $TENSORFS_HOME, else ~/.cache/tensorfs."""
+    monkeypatch.setenv("TENSORFS_HOME", str(store["root"]))
+    with cozytensors.open("local/plain") as ckpt:
+        assert ckpt.store == str(store["root"])
+    monkeypatch.delenv("TENSORFS_HOME")
+    monkeypatch.setenv("HOME", str(store["work"]))
+    with pytest.raises(cozytensors.NotFoundError, match=str(store["work"] / ".cache" / "tensorfs")):
+        cozytensors.open("local/plain")
+    monkeypatch.delenv("HOME")
+    with pytest.raises(cozytensors.NotFoundError, match="HOME is unset"):
+        cozytensors.open("local/plain")
