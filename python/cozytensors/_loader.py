@@ -292,10 +292,7 @@ class safe_open:
         slices are safetensors' own (its slicing rules differ from NumPy's)."""
         if not self._fast:
             return self._inner.get_slice(name)
-        self._check_open()
-        entry = self._tensors.get(name)
-        if entry is None:
-            raise SafetensorError(f"File does not contain tensor {name}")
+        entry = self._entry(name)
         if self._framework not in ("pt", "torch"):
             return self._safetensors().get_slice(name)
         return _Slice(self, name, entry)
@@ -306,11 +303,15 @@ class safe_open:
     def get_tensor(self, name: str):
         if not self._fast:
             return self._inner.get_tensor(name)
+        return self._tensor(name, self._entry(name), self._device)
+
+    def _entry(self, name: str):
+        """The header entry of tensor `name` of the open file, or safetensors' errors."""
         self._check_open()
         entry = self._tensors.get(name)
         if entry is None:
             raise SafetensorError(f"File does not contain tensor {name}")
-        return self._tensor(name, entry, self._device)
+        return entry
 
     def _tensor(self, name: str, entry, device):
         """The tensor `name` (its header entry) on `device`; also after the file is closed,
