@@ -60,13 +60,18 @@ pub use crate::revisions::{LATEST, NO_LANE as UNLABELLED_LANE};
 /// for a commit with encoded tensors. `@` is in no label, so it never collides with a lane.
 pub const DECODED_SUFFIX: &str = "@decoded";
 
-/// A lane folder's contents: a commit as imported, or its decoded view.
+/// The suffix of a single-file checkpoint's Diffusers face: `<lane>@diffusers` beside
+/// `<lane>` (which shows the file itself).
+pub const DIFFUSERS_SUFFIX: &str = "@diffusers";
+
+/// A lane folder's contents: a face of a commit (as imported, decoded, or a single file's
+/// Diffusers folder).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LaneRef {
     /// The commit.
     pub commit: crate::format::ObjectRef,
-    /// Whether this is the decoded view (`<lane>@decoded`).
-    pub decoded: bool,
+    /// Which face of it.
+    pub face: crate::layout::Face,
 }
 
 pub use crate::layout::attrs::{COMMIT as XATTR_COMMIT, HEADER as XATTR_HEADER};

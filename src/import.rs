@@ -27,6 +27,7 @@ pub mod hub_cache;
 mod lane;
 mod model;
 mod scan;
+mod single_file;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -38,7 +39,7 @@ use crate::format::{
     Body, Component, Encoding, Header, Location, ObjectRef, Part, Repo, Tensor, Tree, Value,
 };
 use crate::layout::recipe::SOURCE_FILES;
-use crate::layout::FILE_METADATA;
+use crate::layout::{FILE_METADATA, SINGLE_FILE};
 use crate::store::hub::{HubId, HubRevision, TreeEntry};
 use crate::store::{Staged, Store, StoreError};
 use convention::Item;
@@ -365,11 +366,14 @@ pub fn import(
                 }
             }
             let mut assets = BTreeMap::new();
-            for (rel, path) in &c.assets {
-                assets.insert(
-                    rel.clone(),
-                    stage_file(store, path, &mut file_refs, &mut staged)?,
-                );
+            for (rel, asset) in &c.assets {
+                let object = match asset {
+                    lane::Asset::File(path) => {
+                        stage_file(store, path, &mut file_refs, &mut staged)?
+                    }
+                    lane::Asset::Bytes(bytes) => stage_bytes(store, bytes, &mut staged)?,
+                };
+                assets.insert(rel.clone(), object);
             }
             header.components.push(Component {
                 name: c.name.clone(),
@@ -392,6 +396,13 @@ pub fn import(
         header
             .metadata
             .insert(SOURCE_FILES.into(), lane.recipe.to_value());
+        if let Some((converter, file)) = &lane.single_file {
+            let record = Value::map([
+                ("converter".to_owned(), Value::Text(converter.clone())),
+                ("file".to_owned(), Value::Text(file.clone())),
+            ]);
+            header.metadata.insert(SINGLE_FILE.into(), record);
+        }
         let header_bytes = header.to_cbor().map_err(|source| ImportError::Encode {
             what: format!("the header of lane {}", lane.lane),
             source,

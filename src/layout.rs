@@ -41,6 +41,25 @@ pub const PIPELINE_FILE: &str = "model_index.json";
 /// (`{component: {key: value}}`), as the reference records it.
 pub const FILE_METADATA: &str = "safetensors_metadata";
 
+/// Header metadata of a lane imported from a single-file checkpoint
+/// (`import::single_file`): `{"converter": <name>, "file": <its path in the lane>}`. Such a
+/// lane's components are Diffusers components, and it has two faces: the file itself
+/// ([`Face::AsImported`], through the recipe) and a Diffusers folder ([`Face::Diffusers`]).
+pub const SINGLE_FILE: &str = "single_file";
+
+/// Which face of a commit a lane folder shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Face {
+    /// The files as imported (the recipe), or as the libraries write them for a checkpoint
+    /// without a recipe.
+    AsImported,
+    /// Every encoded tensor decoded (`<lane>@decoded`).
+    Decoded,
+    /// A single-file checkpoint's lane as a Diffusers folder (`<lane>@diffusers`): the
+    /// components `model_index.json` lists, as the libraries write them.
+    Diffusers,
+}
+
 /// Why a lane's view cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
@@ -142,6 +161,9 @@ pub enum Owner {
         /// The tensors a weights file holds; empty for other files.
         tensors: Vec<u32>,
     },
+    /// A single-file checkpoint re-created from the tensors of several components (its
+    /// arrays stored under their Diffusers names, [`SINGLE_FILE`]).
+    Checkpoint,
 }
 
 /// One file of a lane folder.
@@ -180,12 +202,10 @@ impl LaneView {
         tree: &Tree,
         header: &Header,
     ) -> Result<LaneView, LayoutError> {
-        Self::build_view(commit, tree, header, false)
+        Self::build_face(commit, tree, header, Face::AsImported)
     }
 
-    /// Lays out the decoded view of commit `commit`: its files as the libraries write them
-    /// (configs without their quantization settings), with every encoded tensor a plain tensor
-    /// of its logical dtype, decoded when first read.
+    /// Lays out the decoded face of commit `commit` ([`Face::Decoded`]).
     ///
     /// # Errors
     /// As [`LaneView::build`].
@@ -194,14 +214,22 @@ impl LaneView {
         tree: &Tree,
         header: &Header,
     ) -> Result<LaneView, LayoutError> {
-        Self::build_view(commit, tree, header, true)
+        Self::build_face(commit, tree, header, Face::Decoded)
     }
 
-    fn build_view(
+    /// Lays out face `face` of commit `commit`: as imported; decoded (its files as the
+    /// libraries write them, configs without their quantization settings, every encoded
+    /// tensor a plain tensor of its logical dtype, decoded when first read); or, for a
+    /// single-file checkpoint, as a Diffusers folder.
+    ///
+    /// # Errors
+    /// As [`LaneView::build`]; and [`LayoutError::Invalid`] for a Diffusers face of a lane
+    /// that is no single-file checkpoint.
+    pub fn build_face(
         commit: &ObjectRef,
         tree: &Tree,
         header: &Header,
-        decoded: bool,
+        face: Face,
     ) -> Result<LaneView, LayoutError> {
         let mut files = Files::new(commit);
         for (path, object) in tree.repo_files() {
@@ -212,8 +240,21 @@ impl LaneView {
                 "a repo file",
             )?;
         }
+        let single_file = Self::is_single_file(header);
+        if face == Face::Diffusers && !single_file {
+            return Err(files.invalid(SINGLE_FILE, "the lane is no single-file checkpoint"));
+        }
         let folders = canonical::folders(header);
+        let shown = |index: usize| match face {
+            Face::Diffusers => canonical::listed(header, index),
+            Face::Decoded => true,
+            // The file holds the tensors; the Diffusers components' files are the other face.
+            Face::AsImported => !single_file,
+        };
         for (index, (component, folder)) in header.components.iter().zip(&folders).enumerate() {
+            if !shown(index) {
+                continue;
+            }
             for (name, object) in &component.assets {
                 let owner = Owner::Component {
                     index,
@@ -230,15 +271,28 @@ impl LaneView {
         let chunks: Arc<[ObjectRef]> = header.chunks.clone().into();
         let header_ref = *tree.header().1;
         let shared = Arc::new(header.clone());
-        match (
-            decoded,
-            recipe::SourceFiles::of(header).map_err(|why| files.invalid("source_files", why))?,
-        ) {
-            (false, Some(source)) => source.lay_out(header, &folders, &chunks, &mut files)?,
-            (false, None) => canonical::lay_out(header, &folders, &chunks, &mut files, None)?,
-            (true, _) => {
+        let recipe =
+            recipe::SourceFiles::of(header).map_err(|why| files.invalid("source_files", why))?;
+        match (face, recipe) {
+            (Face::AsImported, Some(source)) => {
+                source.lay_out(header, &folders, &chunks, &mut files)?
+            }
+            (Face::AsImported, None) => {
+                canonical::lay_out(header, &folders, &chunks, &mut files, None, &shown)?
+            }
+            (Face::Diffusers, _) => {
+                canonical::lay_out(header, &folders, &chunks, &mut files, None, &shown)?
+            }
+            (Face::Decoded, _) => {
                 let decoding = (shared.clone(), header_ref);
-                canonical::lay_out(header, &folders, &chunks, &mut files, Some(&decoding))?
+                canonical::lay_out(
+                    header,
+                    &folders,
+                    &chunks,
+                    &mut files,
+                    Some(&decoding),
+                    &shown,
+                )?
             }
         }
         let files = files.finish()?;
@@ -249,6 +303,11 @@ impl LaneView {
             header: shared,
             folders,
         })
+    }
+
+    /// Whether `header` is a single-file checkpoint's, and so has a Diffusers face.
+    pub fn is_single_file(header: &Header) -> bool {
+        header.metadata.contains_key(SINGLE_FILE)
     }
 
     /// Whether `header` has encoded tensors, and so a decoded view that differs from the lane.

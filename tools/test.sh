@@ -25,6 +25,9 @@
 #    tools/e2e/conventions_check.py (producer-quantized checkpoints of tests/data/conventions:
 #    lanes byte-exact, `<lane>@decoded` loaded by Transformers, equal to the producer's reading
 #    where bitsandbytes / compressed-tensors are installed),
+#    tools/e2e/single_file_check.py (a CompVis SD 1.x single file imported as Diffusers
+#    components: the file byte for byte, `<lane>@diffusers` loaded by Diffusers equal to the
+#    folder it was written from, diffusers' from_single_file as oracle, ≤ 2 % added),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
 #    exported by `tfs`);
 # 5. a smoke test of the benchmark command: `tools/bench --quick --no-drop-caches` (64 MiB, one
@@ -112,6 +115,9 @@ if [ $run_e2e = 1 ]; then
     step "producer conventions (quantized checkpoints imported, decoded views loaded)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/conventions_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/conventions"
     passed+=("conventions")
+    step "single-file checkpoints (converted to Diffusers components; diffusers as oracle)" \
+        timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/single_file_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/single_file"
+    passed+=("single files")
     step "compat_check (reference tfs 0.17.2)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/compat_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/compat"
     passed+=("compat")

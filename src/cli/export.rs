@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 
 use super::{count, Cli};
 use crate::io::{BlobReader, BlobReaderConfig};
-use crate::layout::{LaneFile, LaneView};
+use crate::layout::{Face, LaneFile, LaneView};
 use crate::revisions::resolve_one;
 
 /// Arguments of `export`.
@@ -28,6 +28,10 @@ pub struct Args {
     /// (what the mount shows under `<lane>@decoded`).
     #[arg(long)]
     pub decode: bool,
+    /// Write a single-file checkpoint's lane as a Diffusers folder (what the mount shows under
+    /// `<lane>@diffusers`): `model_index.json`, each component's config and weights.
+    #[arg(long, conflicts_with = "decode")]
+    pub diffusers: bool,
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
@@ -35,12 +39,18 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let (target, commit) = resolve_one(&store, &args.reference, args.lane.as_deref())?;
     // No collection removes what is being copied.
     let _hold = store.hold(&commit.closure())?;
-    // No collection removes what is being copied.
-    let _hold = store.hold(&commit.closure())?;
-    let view = match args.decode {
-        false => LaneView::build(&commit.id, &commit.tree, &commit.header)?,
-        true => LaneView::build_decoded(&commit.id, &commit.tree, &commit.header)?,
+    let face = match (args.decode, args.diffusers) {
+        (true, _) => Face::Decoded,
+        (false, true) if !LaneView::is_single_file(&commit.header) => bail!(
+            "{} lane {} was not imported from a single-file checkpoint, so it has no Diffusers \
+             face; export it without --diffusers",
+            args.reference,
+            target.lane
+        ),
+        (false, true) => Face::Diffusers,
+        (false, false) => Face::AsImported,
     };
+    let view = LaneView::build_face(&commit.id, &commit.tree, &commit.header, face)?;
     let existed = args.dir.exists();
     if existed {
         let entries =

@@ -33,6 +33,8 @@ pub struct CommitLane {
     pub mtime: SystemTime,
     /// Whether its header has encoded tensors (and so a decoded view).
     pub encoded: bool,
+    /// Whether it is a single-file checkpoint's (and so has a Diffusers face).
+    pub single_file: bool,
 }
 
 /// A commit laid out as a lane folder.
@@ -172,15 +174,13 @@ impl Catalog for StoreCatalog {
             lane: c.tree.lane,
             mtime: self.blob_mtime(commit),
             encoded: LaneView::has_encoded(&c.header),
+            single_file: LaneView::is_single_file(&c.header),
         })
     }
 
     fn lane(&self, lane: &LaneRef) -> Result<LaneContents, CommitError> {
         let c = self.store.commit(&lane.commit)?;
-        let view = match lane.decoded {
-            false => LaneView::build(&lane.commit, &c.tree, &c.header)?,
-            true => LaneView::build_decoded(&lane.commit, &c.tree, &c.header)?,
-        };
+        let view = LaneView::build_face(&lane.commit, &c.tree, &c.header, lane.face)?;
         Ok(LaneContents {
             view,
             mtime: self.blob_mtime(&lane.commit),

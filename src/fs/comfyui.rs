@@ -25,6 +25,7 @@ use super::namespace::Snapshot;
 use super::{FsResult, LaneRef, TensorFs};
 use crate::format::ObjectRef;
 use crate::layout::comfyui::{self, Shows};
+use crate::layout::Face;
 use crate::revisions::{self, Revision};
 use crate::sync::lock;
 
@@ -100,34 +101,42 @@ impl TensorFs {
                 };
                 comfyui::order_lanes(repo, &mut lanes, label);
                 for (i, (label, commit)) in lanes.iter().enumerate() {
-                    let lane = LaneRef {
-                        commit: *commit,
-                        decoded: false,
+                    // A single file's lane is also its Diffusers folder (in `diffusers/`).
+                    let single_file = self.try_commit_lane(commit).is_ok_and(|l| l.single_file);
+                    let faces = match single_file {
+                        true => &[Face::AsImported, Face::Diffusers][..],
+                        false => &[Face::AsImported][..],
                     };
-                    let built = match self.try_lane(&lane) {
-                        Ok(built) => built,
-                        Err(source) => {
-                            left_out(commit, source);
-                            continue;
-                        }
-                    };
-                    let (entries, _) =
-                        comfyui::entries(&built.contents.view, &repo.name, label, i == 0);
-                    for e in entries {
-                        let size = match &e.shows {
-                            Shows::File(f) => {
-                                built.contents.view.file(f).map_or(0, |f| f.content.size())
+                    for &face in faces {
+                        let lane = LaneRef {
+                            commit: *commit,
+                            face,
+                        };
+                        let built = match self.try_lane(&lane) {
+                            Ok(built) => built,
+                            Err(source) => {
+                                left_out(commit, source);
+                                continue;
                             }
-                            Shows::Lane => 0,
                         };
-                        let shown = Shown {
-                            lane,
-                            shows: e.shows,
-                            mtime: entry.mtime,
-                            size,
-                            lane_mtime: built.contents.mtime,
-                        };
-                        by_folder.entry(e.folder).or_default().push((e.path, shown));
+                        let (entries, _) =
+                            comfyui::entries(&built.contents.view, &repo.name, label, i == 0);
+                        for e in entries {
+                            let size = match &e.shows {
+                                Shows::File(f) => {
+                                    built.contents.view.file(f).map_or(0, |f| f.content.size())
+                                }
+                                Shows::Lane => 0,
+                            };
+                            let shown = Shown {
+                                lane,
+                                shows: e.shows,
+                                mtime: entry.mtime,
+                                size,
+                                lane_mtime: built.contents.mtime,
+                            };
+                            by_folder.entry(e.folder).or_default().push((e.path, shown));
+                        }
                     }
                 }
             }

@@ -40,6 +40,7 @@ use super::inodes::{Inode, Node};
 use super::lanes::{join, Child, ChildKind, Folders, Lane};
 use super::{FsResult, LaneRef, TensorFs};
 use crate::format::{ObjectRef, Sha256};
+use crate::layout::Face;
 use crate::revisions::{self, Revision};
 use crate::store::hub::{HubRecord, TreeEntry};
 use crate::sync::lock;
@@ -415,11 +416,16 @@ impl TensorFs {
         let mut plain = Vec::new();
         let mut encoded = Vec::new();
         for commit in &group.commits {
+            let decoded = self.commit_lane(commit)?.encoded;
+            let face = match decoded {
+                true => Face::Decoded,
+                false => Face::AsImported,
+            };
             let lane = LaneRef {
                 commit: *commit,
-                decoded: self.commit_lane(commit)?.encoded,
+                face,
             };
-            if lane.decoded {
+            if decoded {
                 encoded.push(lane);
             } else {
                 plain.push(lane);

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use super::catalog::CommitLane;
 use super::lanes::Lane;
 use super::namespace::Snapshot;
-use super::{CommitError, FsError, FsResult, LaneRef, TensorFs, DECODED_SUFFIX};
+use super::{CommitError, FsError, FsResult, LaneRef, TensorFs, DECODED_SUFFIX, DIFFUSERS_SUFFIX};
 use crate::format::ObjectRef;
+use crate::layout::Face;
 use crate::revisions;
 use crate::sync::{lock, read, write};
 
@@ -46,7 +47,8 @@ impl TensorFs {
     }
 
     /// The lane folders of revision `rev` of repo `org/name`, each lane with encoded tensors
-    /// followed by its decoded view (`<lane>@decoded`); `None` when there is no such repo or
+    /// followed by its decoded view (`<lane>@decoded`), and each single-file checkpoint's by
+    /// its Diffusers folder (`<lane>@diffusers`); `None` when there is no such repo or
     /// revision (any more).
     pub(super) fn revision_lanes(
         &self,
@@ -66,22 +68,14 @@ impl TensorFs {
         })?;
         let mut out = Vec::with_capacity(lanes.len());
         for (name, commit) in lanes {
-            let encoded = self.commit_lane(&commit)?.encoded;
-            out.push((
-                name.clone(),
-                LaneRef {
-                    commit,
-                    decoded: false,
-                },
-            ));
-            if encoded {
-                out.push((
-                    format!("{name}{DECODED_SUFFIX}"),
-                    LaneRef {
-                        commit,
-                        decoded: true,
-                    },
-                ));
+            let lane = self.commit_lane(&commit)?;
+            let face = |face| LaneRef { commit, face };
+            out.push((name.clone(), face(Face::AsImported)));
+            if lane.encoded {
+                out.push((format!("{name}{DECODED_SUFFIX}"), face(Face::Decoded)));
+            }
+            if lane.single_file {
+                out.push((format!("{name}{DIFFUSERS_SUFFIX}"), face(Face::Diffusers)));
             }
         }
         Ok(Some(out))

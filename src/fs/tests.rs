@@ -136,6 +136,7 @@ impl Catalog for MockCatalog {
             lane: c.lane.clone(),
             mtime: t(2000),
             encoded: false,
+            single_file: false,
         })
     }
 

@@ -981,6 +981,7 @@ fn integers(a: &SourceTensor, bytes: &[u8]) -> Result<Vec<u64>, String> {
 mod lookup;
 mod table;
 
+pub(crate) use lookup::from_serde;
 use lookup::{check_marker_keys, json_eq, matches_all, JsonShow, Lookup};
 pub(crate) use table::{declaration_files, names};
 use table::{table, Convention, Declaration, EncodingRule, PartRule, ShapeRule};

@@ -27,6 +27,18 @@ pub(crate) struct LaneModel {
     pub skipped: Vec<(String, &'static str)>,
     /// What a loader may trip on (shown to the user; the import goes on).
     pub warnings: Vec<String>,
+    /// For a single-file checkpoint converted into Diffusers components: the header's
+    /// [`crate::layout::SINGLE_FILE`] record (converter, file).
+    pub single_file: Option<(String, String)>,
+}
+
+/// Where an asset's bytes come from.
+#[derive(Debug)]
+pub(crate) enum Asset {
+    /// A file of the source.
+    File(PathBuf),
+    /// Bytes the import made (a converted checkpoint's bundled tokenizer files).
+    Bytes(Vec<u8>),
 }
 
 #[derive(Debug)]
@@ -35,7 +47,7 @@ pub(crate) struct ComponentModel {
     pub class: ClassRef,
     pub config: Config,
     pub config_file: Option<String>,
-    pub assets: BTreeMap<String, PathBuf>,
+    pub assets: BTreeMap<String, Asset>,
     /// Tensors in construction order: weights files by name, each in data order.
     pub tensors: Vec<SourceTensor>,
     /// The weights files the tensors come from (identifies the component's bytes).

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::chunks::SourceStamp;
 use super::convention::{self, Item};
-use super::lane::{ComponentModel, LaneModel};
+use super::lane::{Asset, ComponentModel, LaneModel};
 use super::scan::{self, Kind, Source, SourceTensor, Weights};
 use super::ImportError;
 use crate::format::json::{self, Json};
@@ -95,6 +95,7 @@ fn lane(
         file_metadata: BTreeMap::new(),
         skipped: Vec::new(),
         warnings: Vec::new(),
+        single_file: None,
     };
     // Component folder ("" for the root) → its files; the rest are repo files.
     let mut folders: Vec<(String, String, Folder)> = Vec::new();
@@ -244,8 +245,10 @@ fn lane(
             }
         }
     }
+    // `--converter` names a producer convention or a single-file converter.
+    let convention = converter.filter(|n| super::single_file::named(n).is_none());
     for (name, prefix, folder) in folders {
-        let component = component(&mut model, &name, &prefix, folder, variant, converter)?;
+        let component = component(&mut model, &name, &prefix, folder, variant, convention)?;
         match model.components.iter_mut().find(|c| c.name == name) {
             Some(listed) => {
                 let class = std::mem::take(&mut listed.class);
@@ -271,6 +274,17 @@ fn lane(
             && c.config.is_empty()
             && c.config_file.is_none())
     });
+    let single = source.kind == Kind::Files && source.files.len() == 1;
+    match converter.and_then(super::single_file::named) {
+        Some(c) if !single => {
+            return Err(ImportError::Usage(format!(
+                "--converter {}: it converts one single-file checkpoint, imported alone",
+                c.name
+            )))
+        }
+        _ if single => super::single_file::apply(&mut model, converter)?,
+        _ => {}
+    }
     resolve_versions(&mut model);
     model.lane = match variant {
         Some(v) => lane_label(v),
@@ -365,7 +379,7 @@ fn component(
                 .skipped
                 .push((lane_path, "weights in a format other than safetensors"));
         } else if run_data(&rel) {
-            c.assets.insert(rel, path);
+            c.assets.insert(rel, Asset::File(path));
         } else {
             model.repo_files.insert(lane_path, path);
         }
@@ -428,7 +442,7 @@ fn recognize(
 ) -> Result<(), ImportError> {
     let mut files = BTreeMap::new();
     for name in convention::declaration_files() {
-        if let Some(path) = c.assets.get(name) {
+        if let Some(Asset::File(path)) = c.assets.get(name) {
             let text = read_text(path)?;
             let doc = json::parse(text.as_bytes())
                 .map_err(|e| ImportError::source(path, e.to_string()))?;

@@ -41,6 +41,17 @@ pub(super) fn folders(header: &Header) -> Vec<String> {
         .collect()
 }
 
+/// Whether component `index` is one `model_index.json` lists (a Diffusers folder shows only
+/// those; a single-file checkpoint's own component, holding what Diffusers does not load, is
+/// not listed).
+pub(super) fn listed(header: &Header, index: usize) -> bool {
+    let name = &header.components[index].name;
+    header
+        .pipeline
+        .as_ref()
+        .is_some_and(|p| p.config.contains_key(name))
+}
+
 /// The JSON text of a config map.
 pub(super) fn config_text(config: &Config) -> Vec<u8> {
     let json = json::from_value(&Value::map(
@@ -53,14 +64,16 @@ pub(super) fn config_text(config: &Config) -> Vec<u8> {
 /// not, so its configs leave them out (Transformers would otherwise expect packed weights).
 const QUANTIZATION_KEYS: [&str; 2] = ["quantization_config", "compression_config"];
 
-/// Lays out `header`'s files as the libraries write them; with `decoding` (the header and its
-/// object), every encoded tensor as a plain tensor of its logical dtype, decoded when read.
+/// Lays out `header`'s files as the libraries write them, of the components `shown` takes;
+/// with `decoding` (the header and its object), every encoded tensor as a plain tensor of its
+/// logical dtype, decoded when read.
 pub(super) fn lay_out(
     header: &Header,
     folders: &[String],
     chunks: &Arc<[ObjectRef]>,
     files: &mut Files,
     decoding: Option<&(Arc<Header>, ObjectRef)>,
+    shown: &dyn Fn(usize) -> bool,
 ) -> Result<(), LayoutError> {
     if let Some(pipeline) = &header.pipeline {
         let text = config_text(&pipeline.config);
@@ -72,6 +85,9 @@ pub(super) fn lay_out(
         )?;
     }
     for (index, (c, folder)) in header.components.iter().zip(folders).enumerate() {
+        if !shown(index) {
+            continue;
+        }
         if !c.config.is_empty() || c.config_file.is_some() {
             let path = format!("{folder}{}", c.config_name());
             let owner = Owner::Component {

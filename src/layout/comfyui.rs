@@ -144,6 +144,28 @@ pub struct LeftOut {
     pub why: String,
 }
 
+/// The names of a weights file's arrays as a loader sees them: its component's keys, or for a
+/// single-file checkpoint (whose arrays are several components' tensors) its header's names.
+fn array_names(view: &LaneView, file: &super::LaneFile) -> Vec<String> {
+    match (&file.owner, &file.content) {
+        (Owner::Component { index, tensors }, _) => {
+            let component = &view.header.components[*index];
+            tensors
+                .iter()
+                .filter_map(|&t| component.tensors.get(t as usize))
+                .map(|t| t.key.clone())
+                .collect()
+        }
+        (Owner::Checkpoint, super::Content::Safetensors(plan)) => plan
+            .prefix()
+            .get(8..)
+            .and_then(|json| crate::format::safetensors::parse_header(json, plan.size()).ok())
+            .map(|h| h.tensors.into_iter().map(|t| t.name).collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// The entries of `view` (lane `lane` of repo `repo`, `ORG/NAME`; `first` when it is the
 /// repo's first lane, shown without its label), and the weights files no rule takes.
 pub fn entries(view: &LaneView, repo: &str, lane: &str, first: bool) -> (Vec<Entry>, Vec<LeftOut>) {
@@ -163,10 +185,12 @@ pub fn entries(view: &LaneView, repo: &str, lane: &str, first: bool) -> (Vec<Ent
     let mut weights = Vec::new();
     let mut left_out = Vec::new();
     for file in &view.files {
-        let Owner::Component { index, tensors } = &file.owner else {
-            continue;
+        let held = match &file.owner {
+            Owner::Component { tensors, .. } => !tensors.is_empty(),
+            Owner::Checkpoint => true,
+            Owner::Repo | Owner::Pipeline => false,
         };
-        if tensors.is_empty() || !table.extensions.iter().any(|e| file.path.ends_with(e)) {
+        if !held || !table.extensions.iter().any(|e| file.path.ends_with(e)) {
             continue;
         }
         if is_shard(&file.path) {
@@ -176,12 +200,8 @@ pub fn entries(view: &LaneView, repo: &str, lane: &str, first: bool) -> (Vec<Ent
             });
             continue;
         }
-        let component = &view.header.components[*index];
-        let keys: Vec<&str> = tensors
-            .iter()
-            .filter_map(|&t| component.tensors.get(t as usize))
-            .map(|t| t.key.as_str())
-            .collect();
+        let names = array_names(view, file);
+        let keys: Vec<&str> = names.iter().map(String::as_str).collect();
         match table.classify(&keys) {
             Some(folder) => weights.push((folder.to_owned(), file.path.clone())),
             None => left_out.push(LeftOut {

@@ -8,7 +8,8 @@
 //! ```text
 //! {"text": "<the file's exact text>"}                                 configs, model_index.json, shard indexes
 //! {"component": "<name>", "header": "<the exact safetensors header JSON, padding included>",
-//!  "arrays": {"<array>": {"tensor": "<key>", "role": "<role>"} | {"hex": "<the bytes>"}, …}}
+//!  "arrays": {"<array>": {"tensor": "<key>", "role": "<role>"} | {"hex": "<the bytes>"}
+//!             | {"component": "<name>", "tensor": "<key>"}, …}}
 //! {"component": "<name>", "gguf": {<the GGUF header, structured>}, "size": <bytes>,
 //!  "arrays": {"<tensor>": {"tensor": "<key>", "role": "<role>"}, …}}           a GGUF file
 //! ```
@@ -18,7 +19,8 @@
 //! plain tensor of the same name, unless `arrays` (optional, omitted when empty) says it is a
 //! part of an encoded tensor (a producer's companion array, such as `x.weight_scale` as part
 //! `scale` of `x.weight`) or gives its bytes (an array that only declares how others decode,
-//! such as ComfyUI's `x.comfy_quant`).
+//! such as ComfyUI's `x.comfy_quant`), or names another component's plain tensor (a
+//! single-file checkpoint's array stored under its Diffusers name, `import::single_file`).
 //! A GGUF file (`recipe/gguf.rs`) is its header written again from the structure, then each tensor at
 //! its offset with zeros between: the component's tensor of its name (a plain tensor, or an
 //! encoded tensor's `blocks` part), unless `arrays` names another part.
@@ -83,6 +85,15 @@ pub enum ArraySource {
     },
     /// These bytes, kept in the recipe.
     Bytes(Vec<u8>),
+    /// The plain tensor `tensor` of another component, `component`: a single-file
+    /// checkpoint's array that the import stored under its Diffusers name. Its bytes are the
+    /// array's; its shape may read them otherwise (a 1×1 kernel as a linear weight).
+    Tensor {
+        /// The component's name.
+        component: String,
+        /// The tensor's key there.
+        tensor: String,
+    },
 }
 
 /// The recipe: source files by path in the lane folder.
@@ -189,7 +200,7 @@ impl SourceFiles {
         chunks: &Arc<[ObjectRef]>,
         files: &mut Files,
     ) -> Result<(), LayoutError> {
-        let mut indexes: HashMap<usize, HashMap<&str, u32>> = HashMap::new();
+        let mut indexes = Indexes::new(header);
         for (path, file) in &self.0 {
             let (content, owner) = match file {
                 SourceFile::Text(text) => (
@@ -201,38 +212,72 @@ impl SourceFiles {
                     else {
                         return Err(files.invalid(path, format!("no component {component:?}")));
                     };
-                    let c = &header.components[index];
-                    let by_key = indexes.entry(index).or_insert_with(|| {
-                        c.tensors
-                            .iter()
-                            .enumerate()
-                            .map(|(i, t)| (t.key.as_str(), i as u32))
-                            .collect()
-                    });
                     let planned = match file {
                         SourceFile::Safetensors {
                             header: text,
                             arrays,
                             ..
-                        } => plan(header, chunks, text, &c.tensors, by_key, arrays),
+                        } => plan(header, chunks, text, index, &mut indexes, arrays),
                         SourceFile::Gguf {
                             gguf: g,
                             size,
                             arrays,
                             ..
-                        } => gguf::plan(header, chunks, g, *size, &c.tensors, by_key, arrays),
+                        } => {
+                            let c = &header.components[index];
+                            let by_key = indexes.of(index);
+                            gguf::plan(header, chunks, g, *size, &c.tensors, by_key, arrays)
+                                .map(|(plan, held)| (plan, held, false))
+                        }
                         SourceFile::Text(_) => unreachable!("matched above"),
                     };
-                    let (plan, tensors) = planned.map_err(|why| files.invalid(path, why))?;
-                    (
-                        Content::Safetensors(Arc::new(plan)),
-                        Owner::Component { index, tensors },
-                    )
+                    let (plan, tensors, others) =
+                        planned.map_err(|why| files.invalid(path, why))?;
+                    let owner = match others {
+                        true => Owner::Checkpoint,
+                        false => Owner::Component { index, tensors },
+                    };
+                    (Content::Safetensors(Arc::new(plan)), owner)
                 }
             };
             files.add(path.clone(), content, owner, "a source file")?;
         }
         Ok(())
+    }
+}
+
+/// Each component's tensors by key, indexed when first asked for.
+struct Indexes<'h> {
+    header: &'h Header,
+    by_component: HashMap<usize, HashMap<&'h str, u32>>,
+}
+
+impl<'h> Indexes<'h> {
+    fn new(header: &'h Header) -> Indexes<'h> {
+        Indexes {
+            header,
+            by_component: HashMap::new(),
+        }
+    }
+
+    fn of(&mut self, component: usize) -> &HashMap<&'h str, u32> {
+        let header = self.header;
+        self.by_component.entry(component).or_insert_with(|| {
+            header.components[component]
+                .tensors
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.key.as_str(), i as u32))
+                .collect()
+        })
+    }
+
+    /// Tensor `key` of the component called `name`.
+    fn find(&mut self, name: &str, key: &str) -> Option<&'h Tensor> {
+        let header = self.header;
+        let c = header.components.iter().position(|c| c.name == name)?;
+        let i = *self.of(c).get(key)?;
+        header.components[c].tensors.get(i as usize)
     }
 }
 
@@ -252,6 +297,10 @@ fn push_arrays(fields: &mut Vec<(String, Value)>, arrays: &BTreeMap<String, Arra
             ArraySource::Bytes(bytes) => {
                 Value::map([("hex".to_owned(), text(&hex::encode(bytes)))])
             }
+            ArraySource::Tensor { component, tensor } => Value::map([
+                ("component".to_owned(), text(component)),
+                ("tensor".to_owned(), text(tensor)),
+            ]),
         };
         (name.clone(), entry)
     });
@@ -271,20 +320,24 @@ fn arrays_of(
     };
     let mut arrays = BTreeMap::new();
     for (name, entry) in entries {
-        let bad = || format!("{path}: array {name:?} is neither a part nor bytes");
+        let bad = || format!("{path}: array {name:?} is neither a part, bytes nor a tensor");
         let Value::Map(fields) = entry else {
             return Err(bad());
         };
         let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v);
-        let source = match (get("tensor"), get("role"), get("hex")) {
-            (Some(Value::Text(tensor)), Some(Value::Text(role)), None) if fields.len() == 2 => {
-                ArraySource::Part {
-                    tensor: tensor.clone(),
-                    role: role.clone(),
-                }
+        let text = |k: &str| match get(k) {
+            Some(Value::Text(t)) => Some(t.clone()),
+            _ => None,
+        };
+        let source = match (text("tensor"), text("role"), text("hex"), text("component")) {
+            (Some(tensor), Some(role), None, None) if fields.len() == 2 => {
+                ArraySource::Part { tensor, role }
             }
-            (None, None, Some(Value::Text(text))) if fields.len() == 1 => {
-                ArraySource::Bytes(hex::decode(text).map_err(|_| bad())?)
+            (None, None, Some(hex), None) if fields.len() == 1 => {
+                ArraySource::Bytes(hex::decode(hex).map_err(|_| bad())?)
+            }
+            (Some(tensor), None, None, Some(component)) if fields.len() == 2 => {
+                ArraySource::Tensor { component, tensor }
             }
             _ => return Err(bad()),
         };
@@ -311,16 +364,18 @@ fn text_owner(header: &Header, folders: &[String], path: &str) -> Owner {
         })
 }
 
-/// The plan of one recorded safetensors file, and the component's tensors it holds, in the
-/// file's data order.
+/// The plan of one recorded safetensors file of component `component`; the component's
+/// tensors it holds, in the file's data order; and whether it holds other components' tensors
+/// too (a single-file checkpoint).
 fn plan(
     header: &Header,
     chunks: &Arc<[ObjectRef]>,
     text: &str,
-    all: &[Tensor],
-    by_key: &HashMap<&str, u32>,
+    component: usize,
+    indexes: &mut Indexes<'_>,
     arrays: &BTreeMap<String, ArraySource>,
-) -> Result<(super::SafetensorsPlan, Vec<u32>), String> {
+) -> Result<(super::SafetensorsPlan, Vec<u32>, bool), String> {
+    let all = &header.components[component].tensors;
     // The data length is not recorded; the header's own offsets give it.
     let Json::Object(entries) = json::parse(text.as_bytes()).map_err(|e| e.to_string())? else {
         return Err("the safetensors header is not a JSON object".into());
@@ -352,6 +407,7 @@ fn plan(
     prefix.extend_from_slice(text.as_bytes());
     let mut builder = PlanBuilder::new(header, chunks, prefix);
     let mut held = Vec::with_capacity(parsed.tensors.len());
+    let mut others = false;
     for info in &parsed.tensors {
         let length = info.end - info.begin;
         let (key, role) = match arrays.get(&info.name) {
@@ -368,8 +424,32 @@ fn plan(
                 builder.push_inline(bytes);
                 continue;
             }
+            Some(ArraySource::Tensor {
+                component: other,
+                tensor,
+            }) => {
+                let t = indexes.find(other, tensor).ok_or_else(|| {
+                    format!(
+                        "array {:?} is {other}'s {tensor:?}, which it lacks",
+                        info.name
+                    )
+                })?;
+                let Body::Plain(location) = t.body else {
+                    return Err(format!("{other}'s {tensor:?} is encoded, not plain"));
+                };
+                if t.dtype != info.dtype || location.length != length {
+                    return Err(format!(
+                        "array {:?} is {} ({length} bytes) in the header but {other}'s {tensor:?} \
+                         is {} ({} bytes)",
+                        info.name, info.dtype, t.dtype, location.length
+                    ));
+                }
+                builder.push(location);
+                others = true;
+                continue;
+            }
         };
-        let Some(&index) = by_key.get(key) else {
+        let Some(&index) = indexes.of(component).get(key) else {
             return Err(format!("tensor {key:?} is not in the component"));
         };
         if !held.contains(&index) {
@@ -407,5 +487,5 @@ fn plan(
         }
         builder.push(location);
     }
-    Ok((builder.finish(), held))
+    Ok((builder.finish(), held, others))
 }

@@ -229,7 +229,7 @@ pub(super) fn json_eq(a: &Json, b: &serde_json::Value) -> bool {
     *a == from_serde(b)
 }
 
-pub(super) fn from_serde(v: &serde_json::Value) -> Json {
+pub(crate) fn from_serde(v: &serde_json::Value) -> Json {
     match v {
         serde_json::Value::Null => Json::Null,
         serde_json::Value::Bool(b) => Json::Bool(*b),

@@ -291,6 +291,12 @@ pub(super) fn plan(
                     info.name
                 ))
             }
+            Some(ArraySource::Tensor { .. }) => {
+                return Err(format!(
+                    "tensor {:?}: a GGUF file holds only its own component's tensors",
+                    info.name
+                ))
+            }
         };
         let Some(&index) = by_key.get(key) else {
             return Err(format!("tensor {key:?} is not in the component"));

@@ -1,0 +1,820 @@
+//! Single-file checkpoints (ComfyUI, Automatic1111, the original CompVis releases): which
+//! converter of `fs-layout/single_file.json` a file's keys match, and the Diffusers components
+//! its tensors become.
+//!
+//! A converter names the keys a file must hold (`require`) and, for each component, the key
+//! prefix it takes and the keymap that renames what follows the prefix. A keymap is a list of
+//! rules tried in order, each `[from, to?, sub?, op?]`:
+//!
+//! - `from` is a dotted pattern: a literal segment, `{x}` (a segment of digits, bound to `x`),
+//!   and a final `*` (one or more segments, the rest);
+//! - `to` is the new key: literal segments, `{expr}` (integer arithmetic `+ - * / %` over the
+//!   captures and the keymap's `vars`, floor division) and `*`; absent, the key is unchanged;
+//!   `null`, the tensor stays in the file's own component (the file still holds it, Diffusers
+//!   does not);
+//! - `sub` names a keymap that renames the rest (`*`) in turn;
+//! - `op` is `linear`: a `[n, m, 1, 1]` convolution kernel becomes the `[n, m]` weight of a
+//!   linear layer. Its bytes are the same.
+//!
+//! `vars` are counted over the component's keys: `["min", pattern]` the least value its first
+//! capture takes, `["count", pattern]` how many distinct values it takes. So one rule serves
+//! every depth of a model (layers per block, levels), as diffusers' own conversion computes
+//! them from the file.
+//!
+//! Every conversion here only renames and reshapes: a converted tensor is the source array's
+//! bytes, so the original file is re-created from the components byte for byte.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+
+pub(crate) mod configs;
+
+/// The table, as the build carries it.
+const TABLE: &str = include_str!("../../fs-layout/single_file.json");
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    #[allow(dead_code)]
+    about: String,
+    keymaps: BTreeMap<String, RawKeymap>,
+    families: BTreeMap<String, serde_json::Value>,
+    converters: Vec<Converter>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeymap {
+    #[serde(default)]
+    vars: BTreeMap<String, (String, String)>,
+    rules: Vec<Vec<serde_json::Value>>,
+}
+
+/// One converter of the table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Converter {
+    /// Its name, as `--converter` takes it (`sd1.single_file`).
+    pub name: String,
+    #[allow(dead_code)]
+    about: String,
+    /// The family whose defaults fill what the weights cannot tell (`families`).
+    pub family: String,
+    /// The Diffusers pipeline class, for a converter of a whole pipeline.
+    #[serde(default)]
+    pub pipeline: Option<String>,
+    /// Keys a file must hold to be this converter's.
+    require: Vec<String>,
+    /// The components, in the pipeline's order.
+    pub components: Vec<ComponentRule>,
+}
+
+/// One component of a converter.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ComponentRule {
+    /// The Diffusers component name (`unet`).
+    pub name: String,
+    /// The key prefix its tensors have in the file.
+    prefix: String,
+    /// The keymap that renames the rest of each key.
+    keymap: String,
+    /// `[library, class]`.
+    pub class: (String, String),
+}
+
+/// The table, parsed and checked once.
+pub(crate) struct Table {
+    keymaps: HashMap<String, Keymap>,
+    /// Family defaults by name (`sd1`), as written in the table.
+    pub families: BTreeMap<String, serde_json::Value>,
+    /// The converters, in the table's order.
+    pub converters: Vec<Converter>,
+}
+
+struct Keymap {
+    vars: Vec<(String, VarKind, Pattern)>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Clone, Copy)]
+enum VarKind {
+    Min,
+    Count,
+}
+
+struct Rule {
+    from: Pattern,
+    to: Target,
+    sub: Option<String>,
+    linear: bool,
+}
+
+enum Target {
+    Same,
+    Kept,
+    Key(Vec<TSeg>),
+}
+
+type Pattern = Vec<PSeg>;
+
+#[derive(Debug)]
+enum PSeg {
+    Lit(String),
+    Int(String),
+    Rest,
+}
+
+enum TSeg {
+    Lit(String),
+    Expr(Expr),
+    Rest,
+}
+
+#[derive(Debug)]
+enum Expr {
+    Num(i64),
+    Name(String),
+    Op(char, Box<Expr>, Box<Expr>),
+}
+
+/// The table as the build carries it.
+///
+/// # Panics
+/// The bundled table does not parse (a build defect the tests catch).
+pub(crate) fn table() -> &'static Table {
+    static TABLE_ONCE: OnceLock<Table> = OnceLock::new();
+    TABLE_ONCE.get_or_init(|| parse_table(TABLE).expect("fs-layout/single_file.json"))
+}
+
+fn parse_table(text: &str) -> Result<Table, String> {
+    let raw: RawTable = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut keymaps = HashMap::new();
+    for (name, k) in &raw.keymaps {
+        let mut vars = Vec::new();
+        for (var, (kind, pattern)) in &k.vars {
+            let kind = match kind.as_str() {
+                "min" => VarKind::Min,
+                "count" => VarKind::Count,
+                other => return Err(format!("keymap {name}: var {var}: no kind {other:?}")),
+            };
+            vars.push((var.clone(), kind, parse_pattern(pattern)?));
+        }
+        let rules = k
+            .rules
+            .iter()
+            .map(|r| parse_rule(r).map_err(|why| format!("keymap {name}: rule {r:?}: {why}")))
+            .collect::<Result<_, _>>()?;
+        keymaps.insert(name.clone(), Keymap { vars, rules });
+    }
+    for k in keymaps.values() {
+        for rule in &k.rules {
+            if let Some(sub) = rule.sub.as_ref().filter(|s| !keymaps.contains_key(*s)) {
+                return Err(format!("no keymap {sub:?}"));
+            }
+        }
+    }
+    for c in &raw.converters {
+        if !raw.families.contains_key(&c.family) {
+            return Err(format!("{}: no family {:?}", c.name, c.family));
+        }
+        if let Some(r) = c
+            .components
+            .iter()
+            .find(|r| !keymaps.contains_key(&r.keymap))
+        {
+            return Err(format!("{}: no keymap {:?}", c.name, r.keymap));
+        }
+    }
+    Ok(Table {
+        keymaps,
+        families: raw.families,
+        converters: raw.converters,
+    })
+}
+
+fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
+    use serde_json::Value as J;
+    let text = |v: Option<&J>| match v {
+        None | Some(J::Null) => Ok(None),
+        Some(J::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("{other} is not a string")),
+    };
+    let from = match r.first() {
+        Some(J::String(s)) => parse_pattern(s)?,
+        _ => return Err("no pattern".into()),
+    };
+    let to = match r.get(1) {
+        None => Target::Same,
+        Some(J::Null) => Target::Kept,
+        Some(J::String(s)) => Target::Key(parse_target(s)?),
+        Some(other) => return Err(format!("target {other} is not a string")),
+    };
+    let sub = text(r.get(2))?;
+    let linear = match text(r.get(3))?.as_deref() {
+        None => false,
+        Some("linear") => true,
+        Some(other) => return Err(format!("no op {other:?}")),
+    };
+    if r.len() > 4 {
+        return Err("more than four fields".into());
+    }
+    if sub.is_some() && !matches!(from.last(), Some(PSeg::Rest)) {
+        return Err("a sub-keymap needs a pattern ending in *".into());
+    }
+    Ok(Rule {
+        from,
+        to,
+        sub,
+        linear,
+    })
+}
+
+fn parse_pattern(text: &str) -> Result<Pattern, String> {
+    let segments: Vec<&str> = text.split('.').collect();
+    let mut out = Vec::with_capacity(segments.len());
+    for (i, s) in segments.iter().enumerate() {
+        out.push(match *s {
+            "*" if i + 1 == segments.len() => PSeg::Rest,
+            "*" => return Err(format!("{text:?}: * must be the last segment")),
+            s if s.starts_with('{') && s.ends_with('}') => {
+                let name = &s[1..s.len() - 1];
+                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphabetic()) {
+                    return Err(format!("{text:?}: a capture is {{letters}}"));
+                }
+                PSeg::Int(name.to_owned())
+            }
+            s => PSeg::Lit(s.to_owned()),
+        });
+    }
+    Ok(out)
+}
+
+fn parse_target(text: &str) -> Result<Vec<TSeg>, String> {
+    text.split('.')
+        .map(|s| match s {
+            "*" => Ok(TSeg::Rest),
+            s if s.starts_with('{') && s.ends_with('}') => Ok(TSeg::Expr(
+                parse_expr(&s[1..s.len() - 1]).map_err(|why| format!("{text:?}: {why}"))?,
+            )),
+            s => Ok(TSeg::Lit(s.to_owned())),
+        })
+        .collect()
+}
+
+/// `expr := term (('+'|'-') term)*`, `term := atom (('*'|'/'|'%') atom)*`,
+/// `atom := number | name | '(' expr ')'`.
+fn parse_expr(text: &str) -> Result<Expr, String> {
+    let tokens: Vec<char> = text.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut at = 0;
+    let e = expr(&tokens, &mut at)?;
+    if at != tokens.len() {
+        return Err(format!("unexpected {:?} in {text:?}", tokens[at]));
+    }
+    Ok(e)
+}
+
+fn expr(t: &[char], at: &mut usize) -> Result<Expr, String> {
+    let mut left = term(t, at)?;
+    while let Some(&op) = t.get(*at).filter(|c| **c == '+' || **c == '-') {
+        *at += 1;
+        left = Expr::Op(op, Box::new(left), Box::new(term(t, at)?));
+    }
+    Ok(left)
+}
+
+fn term(t: &[char], at: &mut usize) -> Result<Expr, String> {
+    let mut left = atom(t, at)?;
+    while let Some(&op) = t.get(*at).filter(|c| matches!(**c, '*' | '/' | '%')) {
+        *at += 1;
+        left = Expr::Op(op, Box::new(left), Box::new(atom(t, at)?));
+    }
+    Ok(left)
+}
+
+fn atom(t: &[char], at: &mut usize) -> Result<Expr, String> {
+    match t.get(*at) {
+        Some('(') => {
+            *at += 1;
+            let e = expr(t, at)?;
+            if t.get(*at) != Some(&')') {
+                return Err("a ( is not closed".into());
+            }
+            *at += 1;
+            Ok(e)
+        }
+        Some(c) if c.is_ascii_digit() => {
+            let start = *at;
+            while t.get(*at).is_some_and(char::is_ascii_digit) {
+                *at += 1;
+            }
+            let text: String = t[start..*at].iter().collect();
+            text.parse().map(Expr::Num).map_err(|e| e.to_string())
+        }
+        Some(c) if c.is_ascii_alphabetic() => {
+            let start = *at;
+            while t.get(*at).is_some_and(char::is_ascii_alphabetic) {
+                *at += 1;
+            }
+            Ok(Expr::Name(t[start..*at].iter().collect()))
+        }
+        Some(c) => Err(format!("unexpected {c:?}")),
+        None => Err("an expression ends early".into()),
+    }
+}
+
+impl Expr {
+    /// The value, or `None` when a name is unbound, a division is by zero or the value is
+    /// negative (no key has a negative index).
+    fn eval(&self, env: &HashMap<String, i64>) -> Option<i64> {
+        let v = match self {
+            Expr::Num(n) => *n,
+            Expr::Name(name) => *env.get(name)?,
+            Expr::Op(op, a, b) => {
+                let (a, b) = (a.eval(env)?, b.eval(env)?);
+                match op {
+                    '+' => a.checked_add(b)?,
+                    '-' => a.checked_sub(b)?,
+                    '*' => a.checked_mul(b)?,
+                    '/' => a.checked_div_euclid(b)?,
+                    '%' => a.checked_rem_euclid(b)?,
+                    _ => return None,
+                }
+            }
+        };
+        (v >= 0).then_some(v)
+    }
+}
+
+/// A pattern's captures (name, value) and the rest a final `*` took.
+type Match = (Vec<(String, i64)>, Option<String>);
+
+/// Matches `key`'s segments against `pattern`: the captures, and the rest for a final `*`.
+fn matches(pattern: &Pattern, key: &[&str]) -> Option<Match> {
+    let mut captures = Vec::new();
+    for (i, p) in pattern.iter().enumerate() {
+        match p {
+            PSeg::Rest => {
+                return (i < key.len()).then(|| (captures, Some(key[i..].join("."))));
+            }
+            PSeg::Lit(lit) => {
+                if key.get(i) != Some(&lit.as_str()) {
+                    return None;
+                }
+            }
+            PSeg::Int(name) => {
+                let s = key.get(i)?;
+                if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                captures.push((name.clone(), s.parse().ok()?));
+            }
+        }
+    }
+    (pattern.len() == key.len()).then_some((captures, None))
+}
+
+/// What a keymap makes of one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Mapped {
+    /// The new key; `linear` when a 1×1 kernel becomes a linear weight.
+    Key { key: String, linear: bool },
+    /// The key stays in the file's own component.
+    Kept,
+}
+
+impl Table {
+    /// `key` (without its component's prefix) through keymap `name`, with `vars` bound.
+    fn map(&self, name: &str, key: &str, vars: &HashMap<String, i64>) -> Option<Mapped> {
+        let keymap = &self.keymaps[name];
+        let segments: Vec<&str> = key.split('.').collect();
+        for rule in &keymap.rules {
+            let Some((captures, rest)) = matches(&rule.from, &segments) else {
+                continue;
+            };
+            let mut env = vars.clone();
+            env.extend(captures);
+            let rest = match (&rule.sub, rest) {
+                (Some(sub), Some(rest)) => match self.map(sub, &rest, vars)? {
+                    Mapped::Key { key, linear } => Some((key, linear)),
+                    Mapped::Kept => return Some(Mapped::Kept),
+                },
+                (_, rest) => rest.map(|r| (r, false)),
+            };
+            let linear = rule.linear || rest.as_ref().is_some_and(|(_, l)| *l);
+            let target = match &rule.to {
+                Target::Kept => return Some(Mapped::Kept),
+                Target::Same if rule.sub.is_none() => key.to_owned(),
+                Target::Same => {
+                    let head: Vec<&str> = segments[..rule.from.len() - 1].to_vec();
+                    format!("{}.{}", head.join("."), rest.as_ref()?.0)
+                }
+                Target::Key(segments) => {
+                    let mut out = Vec::with_capacity(segments.len());
+                    for s in segments {
+                        out.push(match s {
+                            TSeg::Lit(l) => l.clone(),
+                            TSeg::Expr(e) => e.eval(&env)?.to_string(),
+                            TSeg::Rest => rest.as_ref()?.0.clone(),
+                        });
+                    }
+                    out.join(".")
+                }
+            };
+            return Some(Mapped::Key {
+                key: target,
+                linear,
+            });
+        }
+        None
+    }
+
+    /// The keymap's vars, counted over `keys`.
+    fn vars(&self, name: &str, keys: &[&str]) -> Result<HashMap<String, i64>, String> {
+        let mut out = HashMap::new();
+        for (var, kind, pattern) in &self.keymaps[name].vars {
+            let mut values = BTreeSet::new();
+            for key in keys {
+                let segments: Vec<&str> = key.split('.').collect();
+                if let Some((captures, _)) = matches(pattern, &segments) {
+                    if let Some((_, v)) = captures.first() {
+                        values.insert(*v);
+                    }
+                }
+            }
+            let value = match kind {
+                VarKind::Min => *values
+                    .first()
+                    .ok_or_else(|| format!("no key gives {var} (none is like {pattern:?})"))?,
+                VarKind::Count => values.len() as i64,
+            };
+            out.insert(var.clone(), value);
+        }
+        Ok(out)
+    }
+}
+
+/// A source array as the converter sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SourceKey<'a> {
+    /// Its name in the file.
+    pub key: &'a str,
+    /// Its shape in the file.
+    pub shape: &'a [u64],
+}
+
+/// One converted tensor: source array `source` as `key` with `shape`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Renamed {
+    /// Index into the source arrays.
+    pub source: usize,
+    /// Its Diffusers (or Transformers) key.
+    pub key: String,
+    /// Its shape there: the source's, or a 1×1 kernel's as a linear weight.
+    pub shape: Vec<u64>,
+}
+
+/// A component a file's arrays become.
+#[derive(Debug)]
+pub(crate) struct Converted<'t> {
+    /// The component's rule.
+    pub rule: &'t ComponentRule,
+    /// Its tensors, in the file's data order (the import sorts them as Diffusers writes them).
+    pub tensors: Vec<Renamed>,
+}
+
+/// A file's arrays, converted.
+#[derive(Debug)]
+pub(crate) struct Conversion<'t> {
+    /// The converter.
+    pub converter: &'t Converter,
+    /// Each of its components.
+    pub components: Vec<Converted<'t>>,
+    /// Arrays that stay in the file's own component (under no prefix, or kept by a rule).
+    pub kept: Vec<usize>,
+}
+
+/// What the table makes of a file.
+#[derive(Debug)]
+pub(crate) enum Outcome<'t> {
+    /// No converter's required keys are all there: the file imports as it is.
+    Unknown,
+    /// The file is this converter's.
+    Converted(Conversion<'t>),
+    /// A converter's keys are there, but it cannot convert the file (why): it imports as it is.
+    Unconverted(String),
+}
+
+/// The converter called `name`, if the table has one.
+pub(crate) fn named(name: &str) -> Option<&'static Converter> {
+    table().converters.iter().find(|c| c.name == name)
+}
+
+/// Recognises `arrays` (a file's, in data order) by the table: the converter named `named`
+/// if given, else the one converter whose required keys are all present.
+///
+/// # Errors
+/// Two converters match and none is named; or the named converter cannot convert the file.
+pub(crate) fn recognise<'t>(
+    table: &'t Table,
+    arrays: &[SourceKey<'_>],
+    named: Option<&'t Converter>,
+) -> Result<Outcome<'t>, String> {
+    let converter = match named {
+        Some(c) => c,
+        None => {
+            let keys: BTreeSet<&str> = arrays.iter().map(|a| a.key).collect();
+            let found: Vec<&Converter> = table
+                .converters
+                .iter()
+                .filter(|c| c.require.iter().all(|k| keys.contains(k.as_str())))
+                .collect();
+            match found.as_slice() {
+                [] => return Ok(Outcome::Unknown),
+                [one] => *one,
+                many => {
+                    let names: Vec<&str> = many.iter().map(|c| c.name.as_str()).collect();
+                    return Err(format!(
+                        "the file is like several single-file checkpoints ({}); pass --converter \
+                         NAME to say which",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+    };
+    match convert(table, converter, arrays) {
+        Ok(c) => Ok(Outcome::Converted(c)),
+        Err(why) if named.is_none() => {
+            Ok(Outcome::Unconverted(format!("{}: {why}", converter.name)))
+        }
+        Err(why) => Err(format!("--converter {}: {why}", converter.name)),
+    }
+}
+
+fn convert<'t>(
+    table: &'t Table,
+    converter: &'t Converter,
+    arrays: &[SourceKey<'_>],
+) -> Result<Conversion<'t>, String> {
+    let mut owner: Vec<Option<usize>> = vec![None; arrays.len()];
+    // The longest prefix takes a key (a component's prefix may contain another's).
+    for (i, a) in arrays.iter().enumerate() {
+        owner[i] = converter
+            .components
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| a.key.starts_with(r.prefix.as_str()))
+            .max_by_key(|(_, r)| r.prefix.len())
+            .map(|(c, _)| c);
+    }
+    let mut components = Vec::with_capacity(converter.components.len());
+    let mut kept: Vec<usize> = (0..arrays.len()).filter(|&i| owner[i].is_none()).collect();
+    for (c, rule) in converter.components.iter().enumerate() {
+        let mine: Vec<usize> = (0..arrays.len()).filter(|&i| owner[i] == Some(c)).collect();
+        if mine.is_empty() {
+            return Err(format!(
+                "no key has the prefix {:?} of {}",
+                rule.prefix, rule.name
+            ));
+        }
+        let keys: Vec<&str> = mine
+            .iter()
+            .map(|&i| &arrays[i].key[rule.prefix.len()..])
+            .collect();
+        let vars = table
+            .vars(&rule.keymap, &keys)
+            .map_err(|why| format!("{}: {why}", rule.name))?;
+        let mut tensors = Vec::with_capacity(mine.len());
+        let mut unmapped = Vec::new();
+        let mut taken: HashMap<String, usize> = HashMap::new();
+        for (&i, key) in mine.iter().zip(&keys) {
+            match table.map(&rule.keymap, key, &vars) {
+                None => unmapped.push(arrays[i].key),
+                Some(Mapped::Kept) => kept.push(i),
+                Some(Mapped::Key {
+                    key: target,
+                    linear,
+                }) => {
+                    if let Some(other) = taken.insert(target.clone(), i) {
+                        return Err(format!(
+                            "{} and {} would both be {}'s {target:?}",
+                            arrays[other].key, arrays[i].key, rule.name
+                        ));
+                    }
+                    let shape = arrays[i].shape;
+                    let shape = match (linear, shape) {
+                        (true, [n, m, 1, 1]) => vec![*n, *m],
+                        _ => shape.to_vec(),
+                    };
+                    tensors.push(Renamed {
+                        source: i,
+                        key: target,
+                        shape,
+                    });
+                }
+            }
+        }
+        if !unmapped.is_empty() {
+            let shown: Vec<&str> = unmapped.iter().take(3).copied().collect();
+            return Err(format!(
+                "{} keys of {} have no rule ({}{})",
+                unmapped.len(),
+                rule.name,
+                shown.join(", "),
+                if unmapped.len() > 3 { ", …" } else { "" }
+            ));
+        }
+        components.push(Converted { rule, tensors });
+    }
+    kept.sort_unstable();
+    Ok(Conversion {
+        converter,
+        components,
+        kept,
+    })
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Converts a lane holding one safetensors file (`model`'s only component) into the
+/// Diffusers components the table recognises it as, in place: each converted component's
+/// tensors as Diffusers writes them (dtype descending, then name, the order a Diffusers
+/// folder's import stores, so both share chunks), its config derived from the weights, the
+/// pipeline's tokenizer and scheduler from the family, `model_index.json`; the file's own
+/// component keeps the arrays Diffusers does not load, and the recipe re-creates the file
+/// from all of them. A file no converter takes (or a quantized one, not converted yet) is
+/// left as it is; one a converter takes but cannot convert gets a warning.
+///
+/// # Errors
+/// Two converters match and `--converter` names none; the named one cannot convert the file;
+/// a config cannot be derived.
+pub(crate) fn apply(
+    model: &mut super::lane::LaneModel,
+    converter: Option<&str>,
+) -> Result<(), super::ImportError> {
+    use super::convention::Item;
+    use super::lane::{Asset, ComponentModel};
+    use super::ImportError;
+    use crate::format::Pipeline;
+    use crate::layout::recipe::{ArraySource, SourceFile};
+
+    let named = converter.and_then(named);
+    let [c] = model.components.as_slice() else {
+        return Ok(());
+    };
+    let (Some(path), [lane_path]) = (c.weights.first(), c.lane_paths.as_slice()) else {
+        return Ok(());
+    };
+    let (path, lane_path) = (path.clone(), lane_path.clone());
+    let fail = |why: String| ImportError::source(&path, why);
+    if !c.items.iter().all(|i| matches!(i, Item::Plain(_))) {
+        if let Some(n) = named {
+            return Err(fail(format!(
+                "--converter {}: a quantized single file is not converted",
+                n.name
+            )));
+        }
+        return Ok(());
+    }
+    let arrays: Vec<SourceKey<'_>> = c
+        .tensors
+        .iter()
+        .map(|t| SourceKey {
+            key: &t.key,
+            shape: &t.shape,
+        })
+        .collect();
+    let conversion = match recognise(table(), &arrays, named).map_err(fail)? {
+        Outcome::Unknown => return Ok(()),
+        Outcome::Unconverted(why) => {
+            let warning = format!("{lane_path}: not converted to Diffusers components: {why}");
+            model.warnings.push(warning);
+            return Ok(());
+        }
+        Outcome::Converted(c) => c,
+    };
+    let family = &table().families[&conversion.converter.family];
+    let dtype = main_dtype(&c.tensors);
+    let mut components = Vec::new();
+    let mut arrays_of_file = BTreeMap::new();
+    let mut listed = Vec::new();
+    for converted in &conversion.components {
+        let rule = converted.rule;
+        let mut tensors: Vec<super::scan::SourceTensor> = converted
+            .tensors
+            .iter()
+            .map(|r| super::scan::SourceTensor {
+                key: r.key.clone(),
+                shape: r.shape.clone(),
+                ..c.tensors[r.source].clone()
+            })
+            .collect();
+        // As the safetensors library writes a file: dtype descending, then name.
+        tensors.sort_by(|a, b| {
+            b.dtype
+                .rank()
+                .cmp(&a.dtype.rank())
+                .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
+        });
+        let config = configs::config(&rule.class, family, &rule.name, &converted.tensors, &dtype)
+            .map_err(|why| {
+            fail(format!(
+                "{}: {}'s config: {why}",
+                conversion.converter.name, rule.name
+            ))
+        })?;
+        for r in &converted.tensors {
+            arrays_of_file.insert(
+                c.tensors[r.source].key.clone(),
+                ArraySource::Tensor {
+                    component: rule.name.clone(),
+                    tensor: r.key.clone(),
+                },
+            );
+        }
+        let class = class_ref(&rule.class);
+        listed.push((rule.name.clone(), rule.class.clone()));
+        let mut m = ComponentModel::empty(&rule.name, class);
+        m.config = to_config(config);
+        m.items = (0..tensors.len()).map(Item::Plain).collect();
+        m.tensors = tensors;
+        m.weights = c.weights.clone();
+        m.stamps = c.stamps.clone();
+        components.push(m);
+    }
+    if conversion.converter.pipeline.is_some() {
+        for extra in configs::extras(family).map_err(fail)? {
+            listed.push((extra.name.clone(), extra.class.clone()));
+            let mut m = ComponentModel::empty(&extra.name, class_ref(&extra.class));
+            m.config = to_config(extra.config);
+            m.config_file = Some(extra.config_file);
+            m.assets = extra
+                .assets
+                .into_iter()
+                .map(|(name, bytes)| (name, Asset::Bytes(bytes)))
+                .collect();
+            components.push(m);
+        }
+    }
+    components.sort_by(|a, b| a.name.cmp(&b.name));
+    // The file's own component keeps what no Diffusers component takes, in data order.
+    let kept: Vec<super::scan::SourceTensor> = conversion
+        .kept
+        .iter()
+        .map(|&i| c.tensors[i].clone())
+        .collect();
+    let mut own = model.components.pop().expect("one component");
+    own.items = (0..kept.len()).map(Item::Plain).collect();
+    own.tensors = kept;
+    if let Some(SourceFile::Safetensors { arrays, .. }) = model.recipe.0.get_mut(&lane_path) {
+        *arrays = arrays_of_file;
+    }
+    if let Some(class) = &conversion.converter.pipeline {
+        listed.sort();
+        model.pipeline = Some(Pipeline {
+            class: class_ref(&("diffusers".to_owned(), class.clone())),
+            config: to_config(configs::pipeline(class, family, &listed)),
+        });
+    }
+    model.single_file = Some((conversion.converter.name.clone(), lane_path));
+    components.push(own);
+    model.components = components;
+    Ok(())
+}
+
+fn class_ref((library, name): &(String, String)) -> crate::format::ClassRef {
+    crate::format::ClassRef {
+        library: library.clone(),
+        version: String::new(),
+        name: name.clone(),
+    }
+}
+
+/// A config map as the header holds it.
+fn to_config(map: serde_json::Map<String, serde_json::Value>) -> crate::format::Config {
+    use crate::format::json;
+    let value = json::to_value(&super::convention::from_serde(&serde_json::Value::Object(
+        map,
+    )));
+    match value {
+        crate::format::Value::Map(entries) => entries.into_iter().collect(),
+        _ => unreachable!("an object converts to a map"),
+    }
+}
+
+/// The dtype holding the most bytes (its safetensors name).
+fn main_dtype(tensors: &[super::scan::SourceTensor]) -> String {
+    let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for t in tensors {
+        *bytes.entry(t.dtype.name().to_owned()).or_default() += t.length;
+    }
+    bytes
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(d, _)| d)
+        .unwrap_or_default()
+}

@@ -1,0 +1,453 @@
+//! The configs a single-file checkpoint does not carry, derived from its weights.
+//!
+//! Each component's Diffusers or Transformers config is read off tensor shapes and key
+//! structure (channels, levels, layers per level, which levels attend, context width), the way
+//! ComfyUI's `model_detection.py` sizes a model, so reduced and unusual variants load. What
+//! weights cannot tell (the head split, sample size, the VAE's scaling factor, the tokenizer's
+//! special tokens) comes from the converter's family in `fs-layout/single_file.json`: every
+//! key of a family's component entry is a config value, except the directives `heads` (the
+//! UNet's heads per attention, SD 1.x's `attention_head_dim: 8`) and `head_width` (channels
+//! per head: the UNet's heads per level, a text encoder's `num_attention_heads`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::{json, Map, Value};
+
+use super::Renamed;
+
+/// A family's directives, which are not config keys.
+const DIRECTIVES: [&str; 2] = ["heads", "head_width"];
+
+/// The bundled CLIP BPE merges (`fs-layout/tokenizers/clip/SOURCE.md`).
+const CLIP_MERGES: &str = include_str!("../../../fs-layout/tokenizers/clip/merges.txt");
+
+/// A component's tensors by key.
+struct Shapes<'a> {
+    by_key: HashMap<&'a str, &'a [u64]>,
+}
+
+impl<'a> Shapes<'a> {
+    fn new(tensors: &'a [Renamed]) -> Shapes<'a> {
+        Shapes {
+            by_key: tensors
+                .iter()
+                .map(|t| (t.key.as_str(), t.shape.as_slice()))
+                .collect(),
+        }
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
+    /// Extent `dim` of tensor `key`.
+    fn dim(&self, key: &str, dim: usize) -> Result<u64, String> {
+        let shape = self
+            .by_key
+            .get(key)
+            .ok_or_else(|| format!("it has no tensor {key}"))?;
+        shape
+            .get(dim)
+            .copied()
+            .ok_or_else(|| format!("tensor {key} has shape {shape:?}, no dimension {dim}"))
+    }
+
+    /// How many consecutive indices from 0 follow `prefix` (`down_blocks.` → the levels).
+    fn count(&self, prefix: &str) -> u64 {
+        let found: BTreeSet<u64> = self
+            .by_key
+            .keys()
+            .filter_map(|k| k.strip_prefix(prefix))
+            .filter_map(|rest| rest.split('.').next()?.parse().ok())
+            .collect();
+        (0..).take_while(|i| found.contains(i)).count() as u64
+    }
+
+    fn first_ending(&self, suffix: &str) -> Option<&'a str> {
+        let mut keys: Vec<&str> = self
+            .by_key
+            .keys()
+            .copied()
+            .filter(|k| k.ends_with(suffix))
+            .collect();
+        keys.sort_unstable();
+        keys.first().copied()
+    }
+}
+
+/// The config of component `name` (class `class`) made of `tensors` (Diffusers keys), whose
+/// weights are mostly `dtype` (a safetensors dtype name), with `family`'s values.
+///
+/// # Errors
+/// A tensor the class's config is read from is missing or has another rank; a family value
+/// does not fit (a width that the head width does not divide).
+pub(crate) fn config(
+    class: &(String, String),
+    family: &Value,
+    name: &str,
+    tensors: &[Renamed],
+    dtype: &str,
+) -> Result<Map<String, Value>, String> {
+    let shapes = Shapes::new(tensors);
+    let defaults = family.get(name).cloned().unwrap_or_else(|| json!({}));
+    let directive = |key: &str| defaults.get(key).and_then(Value::as_u64);
+    let mut config = match class.1.as_str() {
+        "UNet2DConditionModel" => unet(&shapes, directive("heads"), directive("head_width"))?,
+        "AutoencoderKL" => vae(&shapes)?,
+        "CLIPTextModel" | "CLIPTextModelWithProjection" => {
+            clip_text(&shapes, directive("head_width"), dtype)?
+        }
+        other => return Err(format!("no config is derived for class {other}")),
+    };
+    if let Value::Object(values) = &defaults {
+        for (k, v) in values {
+            if !DIRECTIVES.contains(&k.as_str()) {
+                config.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    let version = |library: &str| {
+        family
+            .pointer(&format!("/versions/{library}"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    match class.0.as_str() {
+        "diffusers" => {
+            config.insert("_class_name".into(), json!(class.1));
+            config.insert("_diffusers_version".into(), version("diffusers"));
+        }
+        "transformers" => {
+            config.insert("architectures".into(), json!([class.1]));
+            config.insert("transformers_version".into(), version("transformers"));
+        }
+        _ => {}
+    }
+    Ok(config)
+}
+
+fn unet(
+    s: &Shapes<'_>,
+    heads: Option<u64>,
+    head_width: Option<u64>,
+) -> Result<Map<String, Value>, String> {
+    let levels = s.count("down_blocks.");
+    if levels == 0 {
+        return Err("it has no down_blocks".into());
+    }
+    let mut channels = Vec::new();
+    let mut down = Vec::new();
+    let mut layers = Vec::new();
+    for b in 0..levels {
+        channels.push(s.dim(&format!("down_blocks.{b}.resnets.0.conv1.weight"), 0)?);
+        let attends = s.has(&format!("down_blocks.{b}.attentions.0.proj_in.weight"));
+        down.push(match attends {
+            true => "CrossAttnDownBlock2D",
+            false => "DownBlock2D",
+        });
+        layers.push(match attends {
+            true => s.count(&format!("down_blocks.{b}.attentions.0.transformer_blocks.")),
+            false => 1,
+        });
+    }
+    let up: Vec<&str> = (0..s.count("up_blocks."))
+        .map(
+            |b| match s.has(&format!("up_blocks.{b}.attentions.0.proj_in.weight")) {
+                true => "CrossAttnUpBlock2D",
+                false => "UpBlock2D",
+            },
+        )
+        .collect();
+    let mid = match (
+        s.has("mid_block.attentions.0.proj_in.weight"),
+        s.has("mid_block.resnets.0.conv1.weight"),
+    ) {
+        (true, _) => json!("UNetMidBlock2DCrossAttn"),
+        (false, true) => json!("UNetMidBlock2D"),
+        (false, false) => Value::Null,
+    };
+    let context = s
+        .first_ending("attn2.to_k.weight")
+        .map(|k| s.dim(k, 1))
+        .transpose()?;
+    let linear = s
+        .first_ending("proj_in.weight")
+        .and_then(|k| s.by_key.get(k))
+        .is_some_and(|shape| shape.len() == 2);
+    let head_dim = match (heads, head_width) {
+        (Some(h), _) => json!(h),
+        (None, Some(w)) => {
+            let mut per_level = Vec::new();
+            for c in &channels {
+                if c % w != 0 {
+                    return Err(format!("{c} channels are not heads {w} wide"));
+                }
+                per_level.push(c / w);
+            }
+            json!(per_level)
+        }
+        (None, None) => return Err("the family gives neither heads nor head_width".into()),
+    };
+    let layers_per_block = s.count("down_blocks.0.resnets.");
+    let mut config = Map::new();
+    config.insert("in_channels".into(), json!(s.dim("conv_in.weight", 1)?));
+    config.insert("out_channels".into(), json!(s.dim("conv_out.weight", 0)?));
+    config.insert("block_out_channels".into(), json!(channels));
+    config.insert("layers_per_block".into(), json!(layers_per_block));
+    config.insert("down_block_types".into(), json!(down));
+    config.insert("up_block_types".into(), json!(up));
+    config.insert("mid_block_type".into(), mid);
+    config.insert("attention_head_dim".into(), head_dim);
+    config.insert("use_linear_projection".into(), json!(linear));
+    if let Some(context) = context {
+        config.insert("cross_attention_dim".into(), json!(context));
+    }
+    let transformer_layers = match layers.iter().all(|&n| n == 1) {
+        true => json!(1),
+        false => json!(layers),
+    };
+    config.insert("transformer_layers_per_block".into(), transformer_layers);
+    if s.has("add_embedding.linear_1.weight") {
+        config.insert("addition_embed_type".into(), json!("text_time"));
+        config.insert(
+            "projection_class_embeddings_input_dim".into(),
+            json!(s.dim("add_embedding.linear_1.weight", 1)?),
+        );
+    }
+    Ok(config)
+}
+
+fn vae(s: &Shapes<'_>) -> Result<Map<String, Value>, String> {
+    let levels = s.count("encoder.down_blocks.");
+    if levels == 0 {
+        return Err("it has no encoder.down_blocks".into());
+    }
+    let channels = (0..levels)
+        .map(|b| {
+            s.dim(
+                &format!("encoder.down_blocks.{b}.resnets.0.conv1.weight"),
+                0,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut config = Map::new();
+    config.insert(
+        "in_channels".into(),
+        json!(s.dim("encoder.conv_in.weight", 1)?),
+    );
+    config.insert(
+        "out_channels".into(),
+        json!(s.dim("decoder.conv_out.weight", 0)?),
+    );
+    config.insert(
+        "latent_channels".into(),
+        json!(s.dim("decoder.conv_in.weight", 1)?),
+    );
+    config.insert("block_out_channels".into(), json!(channels));
+    config.insert(
+        "layers_per_block".into(),
+        json!(s.count("encoder.down_blocks.0.resnets.")),
+    );
+    config.insert(
+        "down_block_types".into(),
+        json!(vec!["DownEncoderBlock2D"; levels as usize]),
+    );
+    config.insert(
+        "up_block_types".into(),
+        json!(vec![
+            "UpDecoderBlock2D";
+            s.count("decoder.up_blocks.") as usize
+        ]),
+    );
+    config.insert(
+        "mid_block_add_attention".into(),
+        json!(s.has("encoder.mid_block.attentions.0.to_q.weight")),
+    );
+    config.insert("use_quant_conv".into(), json!(s.has("quant_conv.weight")));
+    config.insert(
+        "use_post_quant_conv".into(),
+        json!(s.has("post_quant_conv.weight")),
+    );
+    Ok(config)
+}
+
+fn clip_text(
+    s: &Shapes<'_>,
+    head_width: Option<u64>,
+    dtype: &str,
+) -> Result<Map<String, Value>, String> {
+    let embedding = "text_model.embeddings.token_embedding.weight";
+    let hidden = s.dim(embedding, 1)?;
+    let width = head_width.ok_or("the family gives no head_width")?;
+    if hidden % width != 0 {
+        return Err(format!("{hidden} channels are not heads {width} wide"));
+    }
+    let mut config = Map::new();
+    config.insert("model_type".into(), json!("clip_text_model"));
+    config.insert("vocab_size".into(), json!(s.dim(embedding, 0)?));
+    config.insert("hidden_size".into(), json!(hidden));
+    config.insert(
+        "intermediate_size".into(),
+        json!(s.dim("text_model.encoder.layers.0.mlp.fc1.weight", 0)?),
+    );
+    config.insert(
+        "num_hidden_layers".into(),
+        json!(s.count("text_model.encoder.layers.")),
+    );
+    config.insert("num_attention_heads".into(), json!(hidden / width));
+    config.insert(
+        "max_position_embeddings".into(),
+        json!(s.dim("text_model.embeddings.position_embedding.weight", 0)?),
+    );
+    if s.has("text_projection.weight") {
+        config.insert(
+            "projection_dim".into(),
+            json!(s.dim("text_projection.weight", 0)?),
+        );
+    }
+    if let Some(torch) = torch_dtype(dtype) {
+        config.insert("torch_dtype".into(), json!(torch));
+    }
+    Ok(config)
+}
+
+/// PyTorch's name of a safetensors dtype, as configs record it.
+fn torch_dtype(dtype: &str) -> Option<&'static str> {
+    Some(match dtype {
+        "F32" => "float32",
+        "F16" => "float16",
+        "BF16" => "bfloat16",
+        _ => return None,
+    })
+}
+
+/// A component the file does not hold but its pipeline needs (a tokenizer, a scheduler).
+#[derive(Debug)]
+pub(crate) struct Extra {
+    /// Its component name.
+    pub name: String,
+    /// `[library, class]`.
+    pub class: (String, String),
+    /// Its config.
+    pub config: Map<String, Value>,
+    /// The config's file name.
+    pub config_file: String,
+    /// Its assets by name.
+    pub assets: BTreeMap<String, Vec<u8>>,
+}
+
+/// The tokenizer and scheduler of `family`'s pipelines.
+///
+/// # Errors
+/// The family's entry names a vocabulary that is not bundled, or is malformed.
+pub(crate) fn extras(family: &Value) -> Result<Vec<Extra>, String> {
+    let mut out = Vec::new();
+    for (name, config_file) in [
+        ("tokenizer", "tokenizer_config.json"),
+        ("scheduler", "scheduler_config.json"),
+    ] {
+        let Some(entry) = family.get(name) else {
+            continue;
+        };
+        let class = entry
+            .get("class")
+            .and_then(|c| serde_json::from_value::<(String, String)>(c.clone()).ok())
+            .ok_or_else(|| format!("family {name}: no [library, class]"))?;
+        let config = match entry.get("config") {
+            Some(Value::Object(m)) => m.clone(),
+            _ => return Err(format!("family {name}: no config")),
+        };
+        let mut assets = BTreeMap::new();
+        match entry.get("vocabulary").and_then(Value::as_str) {
+            None => {}
+            Some("clip") => {
+                assets.insert("merges.txt".to_owned(), CLIP_MERGES.as_bytes().to_vec());
+                assets.insert(
+                    "vocab.json".to_owned(),
+                    clip_vocab(CLIP_MERGES).into_bytes(),
+                );
+            }
+            Some(other) => return Err(format!("family {name}: no vocabulary {other:?}")),
+        }
+        out.push(Extra {
+            name: name.to_owned(),
+            class,
+            config,
+            config_file: config_file.to_owned(),
+            assets,
+        });
+    }
+    Ok(out)
+}
+
+/// CLIP's vocabulary from its merges, as `vocab.json` (token → id, in id order): the 256 byte
+/// symbols of GPT-2's byte-to-unicode map, each again with `</w>`, one token per merge, then
+/// `<|startoftext|>` and `<|endoftext|>` (CLIP's `SimpleTokenizer`).
+pub(crate) fn clip_vocab(merges: &str) -> String {
+    let symbols = byte_symbols();
+    let mut tokens: Vec<String> = symbols.iter().map(|c| c.to_string()).collect();
+    tokens.extend(symbols.iter().map(|c| format!("{c}</w>")));
+    tokens.extend(
+        merges
+            .lines()
+            .skip(1)
+            .filter(|l| !l.is_empty())
+            .map(|l| l.replacen(' ', "", 1)),
+    );
+    tokens.push("<|startoftext|>".into());
+    tokens.push("<|endoftext|>".into());
+    let mut text = String::with_capacity(tokens.len() * 16);
+    text.push('{');
+    for (i, t) in tokens.iter().enumerate() {
+        if i > 0 {
+            text.push_str(", ");
+        }
+        text.push_str(&serde_json::to_string(t).expect("a string serializes"));
+        text.push_str(": ");
+        text.push_str(&i.to_string());
+    }
+    text.push('}');
+    text
+}
+
+/// GPT-2's reversible map from bytes to printable characters, in CLIP's order: the printable
+/// bytes `!`..`~`, `¡`..`¬`, `®`..`ÿ` as themselves, then every other byte as 256 + n.
+fn byte_symbols() -> Vec<char> {
+    let printable: Vec<u32> = (u32::from(b'!')..=u32::from(b'~'))
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut out: Vec<char> = printable
+        .iter()
+        .map(|&b| char::from_u32(b).expect("a Latin-1 code point"))
+        .collect();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            out.push(char::from_u32(256 + n).expect("a code point below 512"));
+            n += 1;
+        }
+    }
+    out
+}
+
+/// `model_index.json` of a converted pipeline: `_class_name`, the family's pipeline values,
+/// and each component's `[library, class]`.
+pub(crate) fn pipeline(
+    class: &str,
+    family: &Value,
+    components: &[(String, (String, String))],
+) -> Map<String, Value> {
+    let mut config = Map::new();
+    config.insert("_class_name".into(), json!(class));
+    if let Some(version) = family.pointer("/versions/diffusers") {
+        config.insert("_diffusers_version".into(), version.clone());
+    }
+    if let Some(Value::Object(values)) = family.get("pipeline") {
+        config.extend(values.clone());
+    }
+    for (name, (library, class)) in components {
+        config.insert(name.clone(), json!([library, class]));
+    }
+    config
+}

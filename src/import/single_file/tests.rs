@@ -1,0 +1,276 @@
+use super::*;
+
+fn keys(names: &[(&str, &[u64])]) -> Vec<(String, Vec<u64>)> {
+    names
+        .iter()
+        .map(|(k, s)| ((*k).to_owned(), s.to_vec()))
+        .collect()
+}
+
+fn source(owned: &[(String, Vec<u64>)]) -> Vec<SourceKey<'_>> {
+    owned
+        .iter()
+        .map(|(k, s)| SourceKey { key: k, shape: s })
+        .collect()
+}
+
+#[test]
+fn the_bundled_table_parses() {
+    let t = table();
+    assert!(named("sd1.single_file").is_some());
+    assert!(named("vae.single_file").is_some());
+    assert!(named("comfy.nvfp4").is_none());
+    assert!(t.families.contains_key("sd1"));
+}
+
+#[test]
+fn expressions_follow_integer_arithmetic() {
+    let env: HashMap<String, i64> = [("i".to_owned(), 7), ("n".to_owned(), 3)].into();
+    let eval = |text: &str| parse_expr(text).unwrap().eval(&env);
+    assert_eq!(eval("(i-1)/n"), Some(2));
+    assert_eq!(eval("(i-1)%n"), Some(0));
+    assert_eq!(eval("i/n"), Some(2));
+    assert_eq!(eval("n-1-i"), None, "no index is negative");
+    assert_eq!(eval("i/0"), None);
+    assert_eq!(eval("2+3*4"), Some(14));
+    assert_eq!(eval("x"), None, "an unbound name");
+    assert!(parse_expr("(i").is_err());
+    assert!(parse_expr("i+").is_err());
+    assert!(parse_expr("i$").is_err());
+}
+
+#[test]
+fn patterns_bind_digits_and_the_rest() {
+    let p = parse_pattern("input_blocks.{i}.0.*").unwrap();
+    let m = |k: &str| matches(&p, &k.split('.').collect::<Vec<_>>());
+    let (captures, rest) = m("input_blocks.4.0.in_layers.0.weight").unwrap();
+    assert_eq!(captures, vec![("i".to_owned(), 4)]);
+    assert_eq!(rest.as_deref(), Some("in_layers.0.weight"));
+    assert!(m("input_blocks.x.0.weight").is_none());
+    assert!(
+        m("input_blocks.4.0").is_none(),
+        "* takes at least one segment"
+    );
+    assert!(parse_pattern("a.*.b").is_err());
+}
+
+/// A UNet with two resnets per level, attention in the second of three levels, a mid block,
+/// and a VAE with two levels, as a CompVis file names them.
+fn sd1_like() -> Vec<(String, Vec<u64>)> {
+    let mut k: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut add = |name: String, shape: &[u64]| k.push((name, shape.to_vec()));
+    let u = "model.diffusion_model.";
+    add(format!("{u}input_blocks.0.0.weight"), &[32, 4, 3, 3]);
+    add(format!("{u}time_embed.0.weight"), &[128, 32]);
+    for i in [1, 2, 4, 5, 7, 8] {
+        add(format!("{u}input_blocks.{i}.0.in_layers.0.weight"), &[32]);
+        add(
+            format!("{u}input_blocks.{i}.0.in_layers.2.weight"),
+            &[32, 32, 3, 3],
+        );
+    }
+    for i in [4, 5] {
+        add(
+            format!("{u}input_blocks.{i}.1.proj_in.weight"),
+            &[32, 32, 1, 1],
+        );
+    }
+    for i in [3, 6] {
+        add(format!("{u}input_blocks.{i}.0.op.weight"), &[32, 32, 3, 3]);
+    }
+    add(format!("{u}middle_block.0.in_layers.0.weight"), &[32]);
+    add(format!("{u}middle_block.1.proj_in.weight"), &[32, 32, 1, 1]);
+    for i in 0..9 {
+        add(
+            format!("{u}output_blocks.{i}.0.out_layers.3.weight"),
+            &[32, 32, 3, 3],
+        );
+    }
+    add(format!("{u}output_blocks.2.1.conv.weight"), &[32, 32, 3, 3]);
+    add(format!("{u}output_blocks.4.1.norm.weight"), &[32]);
+    add(format!("{u}output_blocks.5.2.conv.weight"), &[32, 32, 3, 3]);
+    add(format!("{u}out.2.weight"), &[4, 32, 3, 3]);
+    let v = "first_stage_model.";
+    add(format!("{v}encoder.conv_in.weight"), &[32, 3, 3, 3]);
+    add(
+        format!("{v}encoder.down.0.block.0.conv1.weight"),
+        &[32, 32, 3, 3],
+    );
+    add(
+        format!("{v}encoder.down.1.block.0.nin_shortcut.weight"),
+        &[64, 32, 1, 1],
+    );
+    add(format!("{v}encoder.mid.attn_1.q.weight"), &[64, 64, 1, 1]);
+    add(format!("{v}decoder.conv_in.weight"), &[64, 4, 3, 3]);
+    add(
+        format!("{v}decoder.up.0.block.0.conv1.weight"),
+        &[32, 32, 3, 3],
+    );
+    add(
+        format!("{v}decoder.up.1.block.0.conv1.weight"),
+        &[64, 64, 3, 3],
+    );
+    add(
+        format!("{v}decoder.up.1.upsample.conv.weight"),
+        &[64, 64, 3, 3],
+    );
+    let t = "cond_stage_model.transformer.";
+    add(
+        format!("{t}text_model.embeddings.token_embedding.weight"),
+        &[49408, 32],
+    );
+    add(format!("{t}text_model.embeddings.position_ids"), &[1, 77]);
+    add("alphas_cumprod".to_owned(), &[1000]);
+    k
+}
+
+#[test]
+fn an_sd1_file_becomes_diffusers_keys() {
+    let owned = sd1_like();
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sd1.single_file");
+    let renamed = |component: &str| -> BTreeMap<String, (String, Vec<u64>)> {
+        let conv = c
+            .components
+            .iter()
+            .find(|x| x.rule.name == component)
+            .unwrap();
+        conv.tensors
+            .iter()
+            .map(|r| (owned[r.source].0.clone(), (r.key.clone(), r.shape.clone())))
+            .collect()
+    };
+    let unet = renamed("unet");
+    let to = |k: &str| unet[&format!("model.diffusion_model.{k}")].0.clone();
+    assert_eq!(to("input_blocks.0.0.weight"), "conv_in.weight");
+    assert_eq!(
+        to("input_blocks.5.0.in_layers.2.weight"),
+        "down_blocks.1.resnets.1.conv1.weight"
+    );
+    assert_eq!(
+        to("input_blocks.7.0.in_layers.0.weight"),
+        "down_blocks.2.resnets.0.norm1.weight"
+    );
+    assert_eq!(
+        to("input_blocks.4.1.proj_in.weight"),
+        "down_blocks.1.attentions.0.proj_in.weight"
+    );
+    assert_eq!(
+        to("input_blocks.6.0.op.weight"),
+        "down_blocks.1.downsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        to("middle_block.1.proj_in.weight"),
+        "mid_block.attentions.0.proj_in.weight"
+    );
+    assert_eq!(
+        to("output_blocks.5.0.out_layers.3.weight"),
+        "up_blocks.1.resnets.2.conv2.weight"
+    );
+    assert_eq!(
+        to("output_blocks.2.1.conv.weight"),
+        "up_blocks.0.upsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        to("output_blocks.5.2.conv.weight"),
+        "up_blocks.1.upsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        to("output_blocks.4.1.norm.weight"),
+        "up_blocks.1.attentions.1.norm.weight"
+    );
+    assert_eq!(to("out.2.weight"), "conv_out.weight");
+    let vae = renamed("vae");
+    let v = |k: &str| vae[&format!("first_stage_model.{k}")].clone();
+    assert_eq!(
+        v("decoder.up.0.block.0.conv1.weight").0,
+        "decoder.up_blocks.1.resnets.0.conv1.weight"
+    );
+    assert_eq!(
+        v("decoder.up.1.upsample.conv.weight").0,
+        "decoder.up_blocks.0.upsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        v("encoder.down.1.block.0.nin_shortcut.weight").0,
+        "encoder.down_blocks.1.resnets.0.conv_shortcut.weight"
+    );
+    assert_eq!(
+        v("encoder.mid.attn_1.q.weight"),
+        (
+            "encoder.mid_block.attentions.0.to_q.weight".to_owned(),
+            vec![64, 64]
+        ),
+        "a 1×1 kernel becomes a linear weight"
+    );
+    let kept: Vec<&str> = c.kept.iter().map(|&i| owned[i].0.as_str()).collect();
+    assert_eq!(
+        kept,
+        vec![
+            "cond_stage_model.transformer.text_model.embeddings.position_ids",
+            "alphas_cumprod"
+        ]
+    );
+}
+
+#[test]
+fn a_key_no_rule_takes_leaves_the_file_as_it_is() {
+    let mut owned = sd1_like();
+    owned.push(("model.diffusion_model.extra.weight".to_owned(), vec![1]));
+    let arrays = source(&owned);
+    match recognise(table(), &arrays, None).unwrap() {
+        Outcome::Unconverted(why) => {
+            assert!(why.contains("extra.weight"), "{why}");
+            assert!(why.contains("sd1.single_file"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = recognise(table(), &arrays, named("sd1.single_file")).unwrap_err();
+    assert!(err.starts_with("--converter sd1.single_file"), "{err}");
+}
+
+#[test]
+fn a_file_no_converter_knows_is_unknown() {
+    let owned = keys(&[("transformer.blocks.0.weight", &[4, 4])]);
+    assert!(matches!(
+        recognise(table(), &source(&owned), None).unwrap(),
+        Outcome::Unknown
+    ));
+}
+
+#[test]
+fn two_matching_converters_are_refused() {
+    let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
+    let converters = raw["converters"].as_array_mut().unwrap();
+    let mut twin = converters[1].clone();
+    twin["name"] = "vae.twin".into();
+    converters.push(twin);
+    let t = parse_table(&raw.to_string()).unwrap();
+    let owned = keys(&[
+        ("encoder.conv_in.weight", &[32, 3, 3, 3]),
+        ("decoder.conv_in.weight", &[32, 4, 3, 3]),
+        ("encoder.down.0.block.0.conv1.weight", &[32, 32, 3, 3]),
+    ]);
+    let err = recognise(&t, &source(&owned), None).unwrap_err();
+    assert!(err.contains("vae.single_file, vae.twin"), "{err}");
+    assert!(err.contains("--converter"), "{err}");
+}
+
+#[test]
+fn the_clip_vocabulary_has_clips_ids() {
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&configs::clip_vocab(include_str!(
+            "../../../fs-layout/tokenizers/clip/merges.txt"
+        )))
+        .unwrap();
+    assert_eq!(vocab.len(), 49408);
+    assert_eq!(vocab["!"], 0);
+    assert_eq!(vocab["<|startoftext|>"], 49406);
+    assert_eq!(vocab["<|endoftext|>"], 49407);
+    assert_eq!(
+        vocab["in"], 512,
+        "the first merge follows the 512 byte tokens"
+    );
+}

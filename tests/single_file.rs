@@ -1,0 +1,332 @@
+//! Single-file checkpoints (`fs-layout/single_file.json`): a CompVis SD 1.x file imports as
+//! Diffusers components, is re-created byte for byte, and exports as a Diffusers folder; files
+//! no converter takes, or that one cannot convert, import as they are.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use common::{fails, floats, ok, safetensors_file, T};
+use safetensors::Dtype;
+
+/// The tensors of a small SD 1.x file in the CompVis layout: a UNet of two levels (one
+/// resnet each, attention in the first), a VAE of two levels with a mid attention as 1×1
+/// kernels, a two-layer CLIP text encoder, and the arrays Diffusers leaves out.
+fn sd1_tensors() -> Vec<(String, Vec<usize>)> {
+    let mut t: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut add = |name: &str, shape: &[usize]| t.push((name.to_owned(), shape.to_vec()));
+    let u = |k: &str| format!("model.diffusion_model.{k}");
+    add(&u("input_blocks.0.0.weight"), &[8, 4, 3, 3]);
+    add(&u("time_embed.0.weight"), &[32, 8]);
+    add(&u("input_blocks.1.0.in_layers.2.weight"), &[8, 8, 3, 3]);
+    add(&u("input_blocks.1.1.proj_in.weight"), &[8, 8, 1, 1]);
+    add(
+        &u("input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"),
+        &[8, 16],
+    );
+    add(&u("input_blocks.2.0.op.weight"), &[8, 8, 3, 3]);
+    add(&u("input_blocks.3.0.in_layers.2.weight"), &[16, 8, 3, 3]);
+    add(
+        &u("input_blocks.3.0.skip_connection.weight"),
+        &[16, 8, 1, 1],
+    );
+    add(&u("middle_block.0.in_layers.2.weight"), &[16, 16, 3, 3]);
+    add(&u("middle_block.1.proj_in.weight"), &[16, 16, 1, 1]);
+    add(&u("middle_block.2.in_layers.2.weight"), &[16, 16, 3, 3]);
+    for i in 0..4 {
+        add(
+            &u(&format!("output_blocks.{i}.0.in_layers.2.weight")),
+            &[16, 16, 3, 3],
+        );
+    }
+    add(&u("output_blocks.1.1.conv.weight"), &[16, 16, 3, 3]);
+    add(&u("output_blocks.2.1.proj_in.weight"), &[8, 8, 1, 1]);
+    add(&u("out.2.weight"), &[4, 8, 3, 3]);
+    let v = |k: &str| format!("first_stage_model.{k}");
+    add(&v("encoder.conv_in.weight"), &[8, 3, 3, 3]);
+    add(&v("encoder.down.0.block.0.conv1.weight"), &[8, 8, 3, 3]);
+    add(&v("encoder.down.0.downsample.conv.weight"), &[8, 8, 3, 3]);
+    add(&v("encoder.down.1.block.0.conv1.weight"), &[16, 8, 3, 3]);
+    add(&v("encoder.mid.attn_1.q.weight"), &[16, 16, 1, 1]);
+    add(&v("encoder.mid.attn_1.q.bias"), &[16]);
+    add(&v("decoder.conv_in.weight"), &[16, 4, 3, 3]);
+    add(&v("decoder.up.0.block.0.conv1.weight"), &[8, 8, 3, 3]);
+    add(&v("decoder.up.1.block.0.conv1.weight"), &[16, 16, 3, 3]);
+    add(&v("decoder.up.1.upsample.conv.weight"), &[16, 16, 3, 3]);
+    add(&v("decoder.conv_out.weight"), &[3, 8, 3, 3]);
+    add(&v("post_quant_conv.weight"), &[4, 4, 1, 1]);
+    let c = |k: &str| format!("cond_stage_model.transformer.text_model.{k}");
+    add(&c("embeddings.token_embedding.weight"), &[100, 64]);
+    add(&c("embeddings.position_embedding.weight"), &[77, 64]);
+    add(&c("embeddings.position_ids"), &[1, 77]);
+    for l in 0..2 {
+        add(
+            &c(&format!("encoder.layers.{l}.mlp.fc1.weight")),
+            &[128, 64],
+        );
+    }
+    add("alphas_cumprod", &[1000]);
+    t
+}
+
+fn write(dir: &Path, name: &str, tensors: &[(String, Vec<usize>)]) -> std::path::PathBuf {
+    let data: Vec<Vec<u8>> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, (_, shape))| floats(shape.iter().product(), i as u32 + 7))
+        .collect();
+    let views: Vec<T> = tensors
+        .iter()
+        .zip(&data)
+        .map(|((name, shape), d)| T(name, Dtype::F32, shape.clone(), d.clone()))
+        .collect();
+    let path = dir.join(name);
+    fs::write(&path, safetensors_file(&views, None)).unwrap();
+    path
+}
+
+/// Every tensor of a safetensors file: name → (shape, bytes).
+fn tensors_of(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<u8>)> {
+    let bytes = fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .into_iter()
+        .map(|(name, view)| (name, (view.shape().to_vec(), view.data().to_vec())))
+        .collect()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn an_sd1_file_becomes_diffusers_components_and_stays_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let file = write(tmp.path(), "tiny_sd1.safetensors", &sd1_tensors());
+    let said = ok(
+        &store,
+        &[
+            "import",
+            file.to_str().unwrap(),
+            "--name",
+            "local/sd",
+            "--json",
+        ],
+    );
+    let report: serde_json::Value = serde_json::from_str(&said).unwrap();
+    assert_eq!(report["lanes"][0]["lane"], "f32");
+
+    let plain = tmp.path().join("plain");
+    ok(&store, &["export", "local/sd", plain.to_str().unwrap()]);
+    let names: Vec<String> = fs::read_dir(&plain)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["tiny_sd1.safetensors"],
+        "the lane shows the file alone"
+    );
+    assert_eq!(
+        fs::read(plain.join("tiny_sd1.safetensors")).unwrap(),
+        fs::read(&file).unwrap(),
+        "byte for byte"
+    );
+
+    let face = tmp.path().join("diffusers");
+    ok(
+        &store,
+        &["export", "local/sd", face.to_str().unwrap(), "--diffusers"],
+    );
+    let index = json(&face.join("model_index.json"));
+    assert_eq!(index["_class_name"], "StableDiffusionPipeline");
+    assert_eq!(
+        index["unet"],
+        serde_json::json!(["diffusers", "UNet2DConditionModel"])
+    );
+    assert_eq!(
+        index["tokenizer"],
+        serde_json::json!(["transformers", "CLIPTokenizer"])
+    );
+    assert!(
+        index.get("tiny_sd1").is_none(),
+        "the file's own component is not listed"
+    );
+    assert!(!face.join("tiny_sd1").exists(), "nor shown");
+
+    let unet = json(&face.join("unet/config.json"));
+    assert_eq!(unet["in_channels"], 4);
+    assert_eq!(unet["out_channels"], 4);
+    assert_eq!(unet["block_out_channels"], serde_json::json!([8, 16]));
+    assert_eq!(unet["layers_per_block"], 1);
+    assert_eq!(
+        unet["down_block_types"],
+        serde_json::json!(["CrossAttnDownBlock2D", "DownBlock2D"])
+    );
+    assert_eq!(
+        unet["up_block_types"],
+        serde_json::json!(["UpBlock2D", "CrossAttnUpBlock2D"])
+    );
+    assert_eq!(unet["cross_attention_dim"], 16);
+    assert_eq!(unet["attention_head_dim"], 8, "SD 1.x's family value");
+    assert_eq!(
+        unet["use_linear_projection"], false,
+        "proj_in is a 1×1 kernel"
+    );
+    let vae = json(&face.join("vae/config.json"));
+    assert_eq!(vae["block_out_channels"], serde_json::json!([8, 16]));
+    assert_eq!(vae["latent_channels"], 4);
+    assert_eq!(vae["use_quant_conv"], false, "it has no quant_conv");
+    assert_eq!(vae["scaling_factor"], 0.18215);
+    let text = json(&face.join("text_encoder/config.json"));
+    assert_eq!(text["architectures"], serde_json::json!(["CLIPTextModel"]));
+    assert_eq!(text["hidden_size"], 64);
+    assert_eq!(text["num_attention_heads"], 1, "64-wide heads");
+    assert_eq!(text["num_hidden_layers"], 2);
+    assert_eq!(text["vocab_size"], 100);
+    assert_eq!(text["hidden_act"], "quick_gelu");
+    assert!(face.join("tokenizer/vocab.json").is_file());
+    assert!(face.join("tokenizer/merges.txt").is_file());
+    assert_eq!(
+        json(&face.join("scheduler/scheduler_config.json"))["_class_name"],
+        "PNDMScheduler"
+    );
+
+    // Each component's tensor is the source array's bytes under its Diffusers name.
+    let source = tensors_of(&file);
+    let unet_tensors = tensors_of(&face.join("unet/diffusion_pytorch_model.safetensors"));
+    let pairs = [
+        (
+            "model.diffusion_model.input_blocks.0.0.weight",
+            "conv_in.weight",
+        ),
+        (
+            "model.diffusion_model.input_blocks.3.0.skip_connection.weight",
+            "down_blocks.1.resnets.0.conv_shortcut.weight",
+        ),
+        (
+            "model.diffusion_model.output_blocks.1.1.conv.weight",
+            "up_blocks.0.upsamplers.0.conv.weight",
+        ),
+        (
+            "model.diffusion_model.output_blocks.2.1.proj_in.weight",
+            "up_blocks.1.attentions.0.proj_in.weight",
+        ),
+    ];
+    for (from, to) in pairs {
+        assert_eq!(source[from], unet_tensors[to], "{from} → {to}");
+    }
+    let vae_tensors = tensors_of(&face.join("vae/diffusion_pytorch_model.safetensors"));
+    let (shape, bytes) = &vae_tensors["encoder.mid_block.attentions.0.to_q.weight"];
+    assert_eq!(shape, &[16, 16], "a 1×1 kernel shown as a linear weight");
+    assert_eq!(
+        bytes,
+        &source["first_stage_model.encoder.mid.attn_1.q.weight"].1
+    );
+    assert_eq!(
+        vae_tensors["decoder.up_blocks.0.upsamplers.0.conv.weight"],
+        source["first_stage_model.decoder.up.1.upsample.conv.weight"],
+        "decoder levels count down"
+    );
+    let text_tensors = tensors_of(&face.join("text_encoder/model.safetensors"));
+    assert!(text_tensors.contains_key("text_model.embeddings.token_embedding.weight"));
+    assert!(!text_tensors.contains_key("text_model.embeddings.position_ids"));
+    let total: usize = ["unet", "vae"]
+        .iter()
+        .map(|c| tensors_of(&face.join(format!("{c}/diffusion_pytorch_model.safetensors"))).len())
+        .sum::<usize>()
+        + text_tensors.len();
+    assert_eq!(
+        total,
+        source.len() - 2,
+        "all but position_ids and alphas_cumprod"
+    );
+}
+
+#[test]
+fn a_file_a_converter_cannot_take_imports_as_it_is_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let mut tensors = sd1_tensors();
+    tensors.push(("model.diffusion_model.novel_block.weight".into(), vec![4]));
+    let file = write(tmp.path(), "odd.safetensors", &tensors);
+    let said = ok(
+        &store,
+        &[
+            "import",
+            file.to_str().unwrap(),
+            "--name",
+            "local/odd",
+            "--json",
+        ],
+    );
+    let report: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let warnings = report["warnings"].to_string();
+    assert!(warnings.contains("not converted"), "{warnings}");
+    assert!(warnings.contains("novel_block"), "{warnings}");
+    let out = tmp.path().join("out");
+    ok(&store, &["export", "local/odd", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("odd.safetensors")).unwrap(),
+        fs::read(&file).unwrap()
+    );
+    let err = fails(
+        &store,
+        &[
+            "export",
+            "local/odd",
+            tmp.path().join("d").to_str().unwrap(),
+            "--diffusers",
+        ],
+    );
+    assert!(err.contains("no Diffusers face"), "{err}");
+    // Named, the converter's refusal is the import's.
+    let err = fails(
+        &store,
+        &[
+            "import",
+            file.to_str().unwrap(),
+            "--name",
+            "local/odd2",
+            "--converter",
+            "sd1.single_file",
+        ],
+    );
+    assert!(err.contains("--converter sd1.single_file"), "{err}");
+    assert!(err.contains("novel_block"), "{err}");
+}
+
+#[test]
+fn a_named_converter_takes_one_file_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let a = write(tmp.path(), "a.safetensors", &sd1_tensors());
+    let b = write(tmp.path(), "b.safetensors", &[("x".to_owned(), vec![2])]);
+    let err = fails(
+        &store,
+        &[
+            "import",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--name",
+            "local/two",
+            "--converter",
+            "sd1.single_file",
+        ],
+    );
+    assert!(err.contains("imported alone"), "{err}");
+    // A file no converter knows imports as it did.
+    ok(
+        &store,
+        &["import", b.to_str().unwrap(), "--name", "local/b"],
+    );
+    let out = tmp.path().join("out");
+    ok(&store, &["export", "local/b", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("b.safetensors")).unwrap(),
+        fs::read(&b).unwrap()
+    );
+}

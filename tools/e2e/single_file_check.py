@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Single-file checkpoints imported as Diffusers components, checked against diffusers itself.
+
+    single_file_check.py --tensorfs BIN --work DIR
+
+1. Builds a small Stable Diffusion 1.x pipeline offline (random weights; SD 1.x's conventions:
+   32 norm groups, 8 heads, CLIP's 49 408-token vocabulary and quick-GELU text encoder, its
+   PNDM scheduler) and saves it as a Diffusers folder. Writes the same weights as a CompVis
+   single file (`model.diffusion_model.`, `first_stage_model.`, `cond_stage_model.transformer.`
+   keys, the VAE's attention as 1×1 kernels, `alphas_cumprod` and `position_ids` beside them),
+   by this script's own key map, and checks it with the outside oracle: diffusers'
+   `from_single_file(<file>, config=<folder>)` gives back every tensor of the folder.
+2. Imports the folder, then the single file, into one store: the file is recognised as
+   `sd1.single_file` and adds at most 2 % of its size (the components are the folder's chunks).
+   The reference's `tfs verify` accepts the converted lane.
+3. Mounts the store:
+   - `<lane>/<file>` is the original file byte for byte;
+   - `DiffusionPipeline.from_pretrained(<lane>@diffusers)` (offline) loads every tensor equal to
+     the folder's, with configs whose derived values equal the folder's;
+   - `from_single_file(<mounted file>, config=<lane>@diffusers)` loads the same tensors;
+   - one inference step from `<lane>@diffusers` equals one from the folder.
+
+Prints PASS/FAIL lines and a closing `RESULT:` line; exits 0 only when every check passed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import e2e_common as common  # noqa: E402
+from tiny_sd import bytes_to_unicode  # noqa: E402
+
+common.go_offline()
+TOOL = "single_file_check"
+# CLIP ViT-L/14's tokens of "a photo of a cat" (start, a, photo, of, a, cat, end).
+CLIP_CAT = [49406, 320, 1125, 539, 320, 2368, 49407]
+TEXT_HIDDEN = 256
+MERGES = ROOT / "fs-layout" / "tokenizers" / "clip" / "merges.txt"
+
+
+def clip_tokenizer_files(folder):
+    """CLIP's vocab.json and merges.txt, derived as CLIP's SimpleTokenizer does."""
+    merges = MERGES.read_text(encoding="utf-8").splitlines()[1:]
+    symbols = list(bytes_to_unicode().values())
+    tokens = symbols + [s + "</w>" for s in symbols] + ["".join(m.split(" ")) for m in merges]
+    tokens += ["<|startoftext|>", "<|endoftext|>"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False),
+                                      encoding="utf-8")
+    (folder / "merges.txt").write_bytes(MERGES.read_bytes())
+    return {t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges]
+
+
+def build(folder, scratch):
+    import torch
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    vocab, merges = clip_tokenizer_files(scratch / "tok")
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77, pad_token="<|endoftext|>")
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=2, sample_size=16, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=TEXT_HIDDEN, attention_head_dim=8, norm_num_groups=32)
+    vae = AutoencoderKL(
+        block_out_channels=(32, 64), in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=32, sample_size=32)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        hidden_size=TEXT_HIDDEN, intermediate_size=512, num_hidden_layers=2, num_attention_heads=TEXT_HIDDEN // 64,
+        vocab_size=49408, max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for model in (unet, vae, text_encoder):
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False)
+    pipe = StableDiffusionPipeline(vae=vae.eval(), text_encoder=text_encoder.eval(), tokenizer=tokenizer,
+                                   unet=unet.eval(), scheduler=scheduler, safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
+    pipe.save_pretrained(folder, safe_serialization=True)
+    # The folder's tokenizer files are CLIP's own (the bundled ones), as a real repo's are.
+    for name in ("vocab.json", "merges.txt"):
+        (folder / "tokenizer" / name).write_bytes((scratch / "tok" / name).read_bytes())
+    return pipe
+
+
+RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "time_emb_proj": "emb_layers.1",
+          "norm2": "out_layers.0", "conv2": "out_layers.3", "conv_shortcut": "skip_connection"}
+
+
+def ldm_unet(sd, config):
+    """Diffusers UNet keys → CompVis keys (this script's own map, after the original layout)."""
+    n = config["layers_per_block"] + 1
+    out = {}
+    attends_up = {int(k.split(".")[1]) for k in sd if k.startswith("up_blocks.") and ".attentions." in k}
+    for key, t in sd.items():
+        p = key.split(".")
+        rest = ".".join(p[4:])
+
+        def resnet(prefix):
+            head, _, tail = rest.partition(".")
+            return f"{prefix}.{RESNET[head]}.{tail}"
+
+        if p[0] == "down_blocks" and p[2] == "resnets":
+            new = resnet(f"input_blocks.{1 + int(p[1]) * n + int(p[3])}.0")
+        elif p[0] == "down_blocks" and p[2] == "attentions":
+            new = f"input_blocks.{1 + int(p[1]) * n + int(p[3])}.1.{rest}"
+        elif p[0] == "down_blocks" and p[2] == "downsamplers":
+            new = f"input_blocks.{(int(p[1]) + 1) * n}.0.op.{'.'.join(p[5:])}"
+        elif p[0] == "up_blocks" and p[2] == "resnets":
+            new = resnet(f"output_blocks.{int(p[1]) * n + int(p[3])}.0")
+        elif p[0] == "up_blocks" and p[2] == "attentions":
+            new = f"output_blocks.{int(p[1]) * n + int(p[3])}.1.{rest}"
+        elif p[0] == "up_blocks" and p[2] == "upsamplers":
+            slot = 2 if int(p[1]) in attends_up else 1
+            new = f"output_blocks.{int(p[1]) * n + n - 1}.{slot}.conv.{'.'.join(p[5:])}"
+        elif p[0] == "mid_block":
+            rest = ".".join(p[3:])
+            if p[1] == "attentions":
+                new = f"middle_block.1.{rest}"
+            else:
+                head, _, tail = rest.partition(".")
+                new = f"middle_block.{2 * int(p[2])}.{RESNET[head]}.{tail}"
+        else:
+            new = {"conv_in": "input_blocks.0.0", "time_embedding": None, "conv_norm_out": "out.0",
+                   "conv_out": "out.2"}.get(p[0], "?")
+            if p[0] == "time_embedding":
+                new = {"linear_1": "time_embed.0", "linear_2": "time_embed.2"}[p[1]] + "." + p[2]
+            else:
+                new = f"{new}.{p[-1]}"
+        out["model.diffusion_model." + new] = t
+    return out
+
+
+VAE_ATTN = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out": "proj_out"}
+
+
+def ldm_vae(sd, levels):
+    out = {}
+    for key, t in sd.items():
+        p = key.split(".")
+        side = p[0]
+        if p[1] in ("down_blocks", "up_blocks"):
+            i = int(p[2]) if p[1] == "down_blocks" else levels - 1 - int(p[2])
+            level = "down" if p[1] == "down_blocks" else "up"
+            if p[3] == "resnets":
+                name = "nin_shortcut" if p[5] == "conv_shortcut" else p[5]
+                new = f"{side}.{level}.{i}.block.{p[4]}.{name}.{p[-1]}"
+            else:
+                new = f"{side}.{level}.{i}.{'downsample' if level == 'down' else 'upsample'}.conv.{p[-1]}"
+        elif p[1] == "mid_block" and p[2] == "resnets":
+            new = f"{side}.mid.block_{int(p[3]) + 1}.{'.'.join(p[4:])}"
+        elif p[1] == "mid_block":
+            new = f"{side}.mid.attn_1.{VAE_ATTN[p[4]]}.{p[-1]}"
+            if t.dim() == 2:
+                t = t.reshape(*t.shape, 1, 1)
+        elif p[1] == "conv_norm_out":
+            new = f"{side}.norm_out.{p[-1]}"
+        else:
+            new = key
+        out["first_stage_model." + new] = t.contiguous()
+    return out
+
+
+def single_file(pipe, path):
+    import torch
+    from safetensors.torch import save_file
+
+    sd = ldm_unet(pipe.unet.state_dict(), pipe.unet.config)
+    sd.update(ldm_vae(pipe.vae.state_dict(), len(pipe.vae.config.block_out_channels)))
+    # Transformers 5 names CLIPTextModel's tensors without `text_model.`; files keep it.
+    for k, t in pipe.text_encoder.state_dict().items():
+        sd["cond_stage_model.transformer." + (k if k.startswith("text_model.") else "text_model." + k)] = t
+    sd["cond_stage_model.transformer.text_model.embeddings.position_ids"] = torch.arange(77).reshape(1, 77)
+    sd["alphas_cumprod"] = pipe.scheduler.alphas_cumprod.to(torch.float32)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+
+
+def state_dicts(pipe):
+    return {name: getattr(pipe, name).state_dict() for name in ("unet", "vae", "text_encoder")}
+
+
+def same_tensors(a, b):
+    """Names that differ between two pipelines' state dicts (missing, or other bytes)."""
+    import torch
+
+    bad = []
+    for name in a:
+        for key, t in a[name].items():
+            u = b[name].get(key)
+            if u is None or u.shape != t.shape or u.dtype != t.dtype or not torch.equal(u, t):
+                bad.append(f"{name}/{key}")
+        bad += [f"{name}/{k} (extra)" for k in b[name] if k not in a[name]]
+    return bad
+
+
+def one_step(pipe):
+    import torch
+
+    out = pipe("a photo of a cat", num_inference_steps=1, height=32, width=32, output_type="latent",
+               generator=torch.Generator().manual_seed(0), guidance_scale=7.5)
+    return out.images
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tensorfs", required=True, type=Path)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--tfs", type=Path, default=Path(sys.executable).with_name("tfs"),
+                    help="the reference CLI (PyPI tensorfs 0.17.2), beside this Python by default")
+    args = ap.parse_args()
+    common.exit_on_signals()
+    common.quiet()
+    import torch
+    from diffusers import DiffusionPipeline, StableDiffusionPipeline
+
+    report = common.Report(TOOL)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    folder, file = work / "sd1-folder", work / "sd1_tiny.safetensors"
+    pipe = build(folder, work)
+    single_file(pipe, file)
+    want = state_dicts(pipe)
+
+    oracle = StableDiffusionPipeline.from_single_file(str(file), config=str(folder), local_files_only=True)
+    bad = same_tensors(want, state_dicts(oracle))
+    report.check(not bad, "diffusers reads the written single file as the folder", ", ".join(bad[:5]))
+
+    store = work / "store"
+
+    def tensorfs(*a):
+        p = subprocess.run([str(args.tensorfs), "--store", str(store), *map(str, a)], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            common.die(TOOL, f"tensorfs {' '.join(map(str, a))}: exit {p.returncode}: {p.stderr[-2000:]}")
+        return p.stdout
+
+    tensorfs("import", folder, "--name", "local/sd1", "--json")
+    report_json = json.loads(tensorfs("import", file, "--name", "local/sd1-single", "--json"))
+    added = report_json["new_bytes"] / file.stat().st_size
+    report.check(added <= 0.02, "the single file adds at most 2 % to the folder's store",
+                 f"{report_json['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")
+    for w in report_json.get("warnings", []):
+        report.note(f"import warning: {w}")
+    lane = report_json["lanes"][0]["lane"]
+    if args.tfs.is_file():
+        p = subprocess.run([str(args.tfs), "--store", str(store), "verify", "local/sd1-single"], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL)
+        report.check(p.returncode == 0, "the reference's tfs verify accepts the converted lane",
+                     (p.stdout + p.stderr).strip().splitlines()[-1] if p.returncode else "")
+    elif os.environ.get("CI") == "true":
+        report.check(False, "the reference's tfs verify accepts the converted lane", f"no {args.tfs}")
+    else:
+        report.note(f"SKIPPED: the reference's tfs verify (no {args.tfs})")
+
+    mnt = work / "mnt"
+    with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
+        base = mnt / "local" / "sd1-single" / "latest"
+        listed = sorted(p.name for p in base.iterdir())
+        report.check(listed == [lane, f"{lane}@diffusers"], "the lane and its Diffusers face", str(listed))
+        mounted = base / lane / file.name
+        report.check(common.sha256_file(mounted) == common.sha256_file(file), "the file is re-created byte for byte")
+        face = base / f"{lane}@diffusers"
+        comfy = mnt / "@comfyui"
+        checkpoints = [p for p in (comfy / "checkpoints").rglob("*.safetensors") if "sd1-single" in str(p)]
+        report.check(len(checkpoints) == 1 and common.sha256_file(checkpoints[0]) == common.sha256_file(file),
+                     "@comfyui/checkpoints shows the file", str(checkpoints))
+        pipelines = [p.parent for p in (comfy / "diffusers").rglob("model_index.json") if "sd1-single" in str(p)]
+        report.check(len(pipelines) == 1, "@comfyui/diffusers shows the Diffusers face", str(pipelines))
+        report.note("@diffusers holds " + ", ".join(sorted(str(p.relative_to(face)) for p in face.rglob("*") if p.is_file())))
+        loaded = DiffusionPipeline.from_pretrained(str(face), local_files_only=True)
+        report.check(type(loaded).__name__ == "StableDiffusionPipeline", "the face loads as StableDiffusionPipeline",
+                     type(loaded).__name__)
+        bad = same_tensors(want, state_dicts(loaded))
+        report.check(not bad, "every tensor of @diffusers equals the folder's", ", ".join(bad[:5]))
+        for name, keys in {
+            "unet": ["in_channels", "out_channels", "block_out_channels", "layers_per_block", "down_block_types",
+                     "up_block_types", "cross_attention_dim", "attention_head_dim", "use_linear_projection",
+                     "transformer_layers_per_block", "norm_num_groups"],
+            "vae": ["in_channels", "out_channels", "latent_channels", "block_out_channels", "layers_per_block",
+                    "norm_num_groups", "scaling_factor"],
+            "text_encoder": ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                             "vocab_size", "max_position_embeddings", "hidden_act"],
+        }.items():
+            ours, theirs = getattr(loaded, name).config, getattr(pipe, name).config
+
+            def get(config, key):
+                value = config[key] if isinstance(config, dict) else getattr(config, key)
+                return list(value) if isinstance(value, (list, tuple)) else value
+
+            diff = {k: (get(ours, k), get(theirs, k)) for k in keys if get(ours, k) != get(theirs, k)}
+            report.check(not diff, f"{name}'s derived config equals the folder's", str(diff))
+        again = StableDiffusionPipeline.from_single_file(str(mounted), config=str(face), local_files_only=True)
+        bad = same_tensors(want, state_dicts(again))
+        report.check(not bad, "from_single_file(mounted file, config=@diffusers) equals the folder", ", ".join(bad[:5]))
+        ids = loaded.tokenizer("a photo of a cat").input_ids
+        report.check(ids == CLIP_CAT, "the bundled CLIP tokenizer gives CLIP's ids", str(ids))
+        a, b = one_step(pipe), one_step(loaded)
+        report.check(torch.equal(a, b), "one inference step from @diffusers equals the folder's",
+                     f"max |Δ| {float((a - b).abs().max()):.3g}")
+        del loaded, again
+    return report.finish("single files convert to Diffusers components that diffusers loads exactly")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
