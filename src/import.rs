@@ -317,7 +317,7 @@ pub fn import(
             for item in &c.items {
                 match item {
                     Item::Marker(_) => {}
-                    Item::Plain(i) => {
+                    Item::Plain(i) | Item::Transposed(i, _) => {
                         let t = &c.tensors[*i];
                         tensor_bytes += t.length;
                         tensors.push(Tensor {
@@ -497,6 +497,10 @@ fn stored_parts(c: &lane::ComponentModel) -> Vec<(&str, u64, Stored)> {
             Item::Plain(i) => {
                 let t = &c.tensors[*i];
                 out.push((t.key.as_str(), t.length, Stored::Array(*i)));
+            }
+            Item::Transposed(i, bytes) => {
+                let t = &c.tensors[*i];
+                out.push((t.key.as_str(), t.length, Stored::Bytes(bytes.to_vec())));
             }
             Item::Encoded(e) => {
                 for p in &e.parts {

@@ -27,7 +27,7 @@ use std::io;
 use std::sync::Arc;
 
 pub(crate) use canonical::part_name;
-pub use plan::{SafetensorsPlan, Segment};
+pub use plan::{Compute, SafetensorsPlan, Segment};
 
 use crate::format::{Header, ObjectRef, Tree};
 use crate::io::ObjectSource;
@@ -275,7 +275,8 @@ impl LaneView {
             recipe::SourceFiles::of(header).map_err(|why| files.invalid("source_files", why))?;
         match (face, recipe) {
             (Face::AsImported, Some(source)) => {
-                source.lay_out(header, &folders, &chunks, &mut files)?
+                let computing = (shared.clone(), header_ref);
+                source.lay_out(header, &folders, &chunks, &mut files, &computing)?
             }
             (Face::AsImported, None) => {
                 canonical::lay_out(header, &folders, &chunks, &mut files, None, &shown)?

@@ -153,6 +153,24 @@ static UE4M3: LazyLock<[f32; 256]> = LazyLock::new(|| {
     })
 });
 
+/// A row-major `rows × cols` matrix of `width`-byte elements, transposed: the `cols × rows`
+/// matrix whose element `(c, r)` is `bytes`' `(r, c)`. Byte order within an element is kept.
+///
+/// # Panics
+/// `bytes` is not `rows * cols * width` long.
+pub fn transpose(bytes: &[u8], rows: usize, cols: usize, width: usize) -> Vec<u8> {
+    assert_eq!(bytes.len(), rows * cols * width, "a {rows}×{cols} matrix");
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let from = (r * cols + c) * width;
+            let to = (c * rows + r) * width;
+            out[to..to + width].copy_from_slice(&bytes[from..from + width]);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +230,20 @@ mod tests {
         assert_eq!(f16(0x0001), 2f32.powi(-24));
         assert_eq!(bf16(0x3F80), 1.0);
         assert_eq!(bf16(0x0001), f32::from_bits(0x0001_0000));
+    }
+
+    #[test]
+    fn transpose_moves_whole_elements() {
+        // [[1, 2, 3], [4, 5, 6]] of 2-byte elements.
+        let m: Vec<u8> = [1u16, 2, 3, 4, 5, 6]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let t: Vec<u16> = super::transpose(&m, 2, 3, 2)
+            .chunks(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(t, [1, 4, 2, 5, 3, 6]);
+        assert_eq!(super::transpose(&super::transpose(&m, 2, 3, 2), 3, 2, 2), m);
     }
 }

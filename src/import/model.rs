@@ -482,7 +482,7 @@ fn recognize(
     let mut arrays: Vec<BTreeMap<String, ArraySource>> = vec![BTreeMap::new(); c.weights.len()];
     for item in &items {
         match item {
-            Item::Plain(_) => {}
+            Item::Plain(_) | Item::Transposed(..) => {}
             Item::Marker(i) => {
                 let bytes =
                     read(*i).map_err(|why| ImportError::source(&c.weights[file_of(*i)], why))?;
@@ -718,7 +718,9 @@ fn main_dtype(model: &LaneModel) -> String {
         for item in &c.items {
             let (label, length) = match item {
                 Item::Marker(_) => continue,
-                Item::Plain(i) => (c.tensors[*i].dtype.name().to_owned(), c.tensors[*i].length),
+                Item::Plain(i) | Item::Transposed(i, _) => {
+                    (c.tensors[*i].dtype.name().to_owned(), c.tensors[*i].length)
+                }
                 Item::Encoded(e) => {
                     let length = e
                         .parts

@@ -11,21 +11,25 @@
 //! - `to` is the new key: literal segments, `{expr}` (integer arithmetic `+ - * / %` over the
 //!   captures and the keymap's `vars`, floor division) and `*`; absent, the key is unchanged;
 //!   `null`, the tensor stays in the file's own component (the file still holds it, Diffusers
-//!   does not);
+//!   does not); a list of N keys, the array's rows in N equal parts (a fused q/k/v: each part
+//!   a contiguous byte range);
 //! - `sub` names a keymap that renames the rest (`*`) in turn;
 //! - `op` is `linear`: a `[n, m, 1, 1]` convolution kernel becomes the `[n, m]` weight of a
-//!   linear layer. Its bytes are the same.
+//!   linear layer, its bytes the same; or `transpose`: a 2-D array becomes its transpose, the
+//!   one conversion that computes (OpenCLIP's `text_projection`, `x @ P` where Diffusers has a
+//!   linear layer).
 //!
 //! `vars` are counted over the component's keys: `["min", pattern]` the least value its first
 //! capture takes, `["count", pattern]` how many distinct values it takes. So one rule serves
 //! every depth of a model (layers per block, levels), as diffusers' own conversion computes
 //! them from the file.
 //!
-//! Every conversion here only renames and reshapes: a converted tensor is the source array's
-//! bytes, so the original file is re-created from the components byte for byte.
+//! Every other conversion only renames, reshapes and splits: a converted tensor is (a row range
+//! of) the source array's bytes, so the original file is re-created from the components byte
+//! for byte, a transposed array by transposing back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde::Deserialize;
 
@@ -109,13 +113,25 @@ struct Rule {
     from: Pattern,
     to: Target,
     sub: Option<String>,
-    linear: bool,
+    op: Op,
+}
+
+/// What a rule does to an array's shape (and, for a transpose, its bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Nothing.
+    Same,
+    /// A `[n, m, 1, 1]` kernel read as an `[n, m]` weight.
+    Linear,
+    /// A 2-D array transposed.
+    Transpose,
 }
 
 enum Target {
     Same,
     Kept,
-    Key(Vec<TSeg>),
+    /// One key, or N for the array's rows in N parts.
+    Keys(Vec<Vec<TSeg>>),
 }
 
 type Pattern = Vec<PSeg>;
@@ -209,13 +225,22 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
     let to = match r.get(1) {
         None => Target::Same,
         Some(J::Null) => Target::Kept,
-        Some(J::String(s)) => Target::Key(parse_target(s)?),
+        Some(J::String(s)) => Target::Keys(vec![parse_target(s)?]),
+        Some(J::Array(keys)) if keys.len() >= 2 => Target::Keys(
+            keys.iter()
+                .map(|k| match k {
+                    J::String(s) => parse_target(s),
+                    other => Err(format!("target {other} is not a string")),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
         Some(other) => return Err(format!("target {other} is not a string")),
     };
     let sub = text(r.get(2))?;
-    let linear = match text(r.get(3))?.as_deref() {
-        None => false,
-        Some("linear") => true,
+    let op = match text(r.get(3))?.as_deref() {
+        None => Op::Same,
+        Some("linear") => Op::Linear,
+        Some("transpose") => Op::Transpose,
         Some(other) => return Err(format!("no op {other:?}")),
     };
     if r.len() > 4 {
@@ -224,12 +249,10 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
     if sub.is_some() && !matches!(from.last(), Some(PSeg::Rest)) {
         return Err("a sub-keymap needs a pattern ending in *".into());
     }
-    Ok(Rule {
-        from,
-        to,
-        sub,
-        linear,
-    })
+    if matches!(&to, Target::Keys(keys) if keys.len() > 1) && op != Op::Same {
+        return Err("a split array takes no op".into());
+    }
+    Ok(Rule { from, to, sub, op })
 }
 
 fn parse_pattern(text: &str) -> Result<Pattern, String> {
@@ -379,8 +402,8 @@ fn matches(pattern: &Pattern, key: &[&str]) -> Option<Match> {
 /// What a keymap makes of one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Mapped {
-    /// The new key; `linear` when a 1×1 kernel becomes a linear weight.
-    Key { key: String, linear: bool },
+    /// The new key (N keys: the array's rows in N parts), and what happens to its shape.
+    Keys { keys: Vec<String>, op: Op },
     /// The key stays in the file's own component.
     Kept,
 }
@@ -397,36 +420,44 @@ impl Table {
             let mut env = vars.clone();
             env.extend(captures);
             let rest = match (&rule.sub, rest) {
+                // A sub-keymap renames one key; it neither splits nor computes.
                 (Some(sub), Some(rest)) => match self.map(sub, &rest, vars)? {
-                    Mapped::Key { key, linear } => Some((key, linear)),
+                    Mapped::Keys { mut keys, op } if keys.len() == 1 && op != Op::Transpose => {
+                        Some((keys.remove(0), op))
+                    }
+                    Mapped::Keys { .. } => return None,
                     Mapped::Kept => return Some(Mapped::Kept),
                 },
-                (_, rest) => rest.map(|r| (r, false)),
+                (_, rest) => rest.map(|r| (r, Op::Same)),
             };
-            let linear = rule.linear || rest.as_ref().is_some_and(|(_, l)| *l);
-            let target = match &rule.to {
+            let op = match (rule.op, &rest) {
+                (Op::Same, Some((_, inner))) => *inner,
+                (op, _) => op,
+            };
+            let keys = match &rule.to {
                 Target::Kept => return Some(Mapped::Kept),
-                Target::Same if rule.sub.is_none() => key.to_owned(),
+                Target::Same if rule.sub.is_none() => vec![key.to_owned()],
                 Target::Same => {
                     let head: Vec<&str> = segments[..rule.from.len() - 1].to_vec();
-                    format!("{}.{}", head.join("."), rest.as_ref()?.0)
+                    vec![format!("{}.{}", head.join("."), rest.as_ref()?.0)]
                 }
-                Target::Key(segments) => {
-                    let mut out = Vec::with_capacity(segments.len());
-                    for s in segments {
-                        out.push(match s {
-                            TSeg::Lit(l) => l.clone(),
-                            TSeg::Expr(e) => e.eval(&env)?.to_string(),
-                            TSeg::Rest => rest.as_ref()?.0.clone(),
-                        });
+                Target::Keys(targets) => {
+                    let mut keys = Vec::with_capacity(targets.len());
+                    for segments in targets {
+                        let mut out = Vec::with_capacity(segments.len());
+                        for s in segments {
+                            out.push(match s {
+                                TSeg::Lit(l) => l.clone(),
+                                TSeg::Expr(e) => e.eval(&env)?.to_string(),
+                                TSeg::Rest => rest.as_ref()?.0.clone(),
+                            });
+                        }
+                        keys.push(out.join("."));
                     }
-                    out.join(".")
+                    keys
                 }
             };
-            return Some(Mapped::Key {
-                key: target,
-                linear,
-            });
+            return Some(Mapped::Keys { keys, op });
         }
         None
     }
@@ -472,8 +503,13 @@ pub(crate) struct Renamed {
     pub source: usize,
     /// Its Diffusers (or Transformers) key.
     pub key: String,
-    /// Its shape there: the source's, or a 1×1 kernel's as a linear weight.
+    /// Its shape there: the source's, a 1×1 kernel's as a linear weight, a row part's, or
+    /// transposed.
     pub shape: Vec<u64>,
+    /// For one of N row parts of the array: (which, N).
+    pub part: Option<(u64, u64)>,
+    /// Whether its bytes are the array's transposed.
+    pub transposed: bool,
 }
 
 /// A component a file's arrays become.
@@ -594,26 +630,47 @@ fn convert<'t>(
             match table.map(&rule.keymap, key, &vars) {
                 None => unmapped.push(arrays[i].key),
                 Some(Mapped::Kept) => kept.push(i),
-                Some(Mapped::Key {
-                    key: target,
-                    linear,
-                }) => {
-                    if let Some(other) = taken.insert(target.clone(), i) {
-                        return Err(format!(
-                            "{} and {} would both be {}'s {target:?}",
-                            arrays[other].key, arrays[i].key, rule.name
-                        ));
-                    }
-                    let shape = arrays[i].shape;
-                    let shape = match (linear, shape) {
-                        (true, [n, m, 1, 1]) => vec![*n, *m],
-                        _ => shape.to_vec(),
+                Some(Mapped::Keys { keys: targets, op }) => {
+                    let source = arrays[i];
+                    let shape = match (op, source.shape) {
+                        (Op::Linear, [n, m, 1, 1]) => vec![*n, *m],
+                        (Op::Transpose, [n, m]) => vec![*m, *n],
+                        (Op::Transpose, other) => {
+                            return Err(format!(
+                                "{} has shape {other:?}, which is not transposed (not 2-D)",
+                                source.key
+                            ))
+                        }
+                        (_, other) => other.to_vec(),
                     };
-                    tensors.push(Renamed {
-                        source: i,
-                        key: target,
-                        shape,
-                    });
+                    let parts = targets.len() as u64;
+                    let shape = match (parts, shape.split_first()) {
+                        (1, _) => shape,
+                        (n, Some((rows, rest))) if *rows % n == 0 => {
+                            [&[*rows / n][..], rest].concat()
+                        }
+                        (n, _) => {
+                            return Err(format!(
+                                "{} has shape {:?}, whose rows do not split in {n}",
+                                source.key, source.shape
+                            ))
+                        }
+                    };
+                    for (k, target) in targets.into_iter().enumerate() {
+                        if let Some(other) = taken.insert(target.clone(), i) {
+                            return Err(format!(
+                                "{} and {} would both be {}'s {target:?}",
+                                arrays[other].key, source.key, rule.name
+                            ));
+                        }
+                        tensors.push(Renamed {
+                            source: i,
+                            key: target,
+                            shape: shape.clone(),
+                            part: (parts > 1).then_some((k as u64, parts)),
+                            transposed: op == Op::Transpose,
+                        });
+                    }
                 }
             }
         }
@@ -704,17 +761,29 @@ pub(crate) fn apply(
     let mut listed = Vec::new();
     for converted in &conversion.components {
         let rule = converted.rule;
-        let mut tensors: Vec<super::scan::SourceTensor> = converted
-            .tensors
-            .iter()
-            .map(|r| super::scan::SourceTensor {
+        // Each tensor, with its bytes when the import computes them (a transpose).
+        let mut made: Vec<(super::scan::SourceTensor, Option<Arc<[u8]>>)> = Vec::new();
+        for r in &converted.tensors {
+            let from = &c.tensors[r.source];
+            let (offset, length) = match r.part {
+                Some((k, n)) => (from.offset + k * from.length / n, from.length / n),
+                None => (from.offset, from.length),
+            };
+            let bytes = match r.transposed {
+                true => Some(transposed(&path, from).map_err(fail)?.into()),
+                false => None,
+            };
+            let tensor = super::scan::SourceTensor {
                 key: r.key.clone(),
                 shape: r.shape.clone(),
-                ..c.tensors[r.source].clone()
-            })
-            .collect();
+                offset,
+                length,
+                ..from.clone()
+            };
+            made.push((tensor, bytes));
+        }
         // As the safetensors library writes a file: dtype descending, then name.
-        tensors.sort_by(|a, b| {
+        made.sort_by(|(a, _), (b, _)| {
             b.dtype
                 .rank()
                 .cmp(&a.dtype.rank())
@@ -727,20 +796,43 @@ pub(crate) fn apply(
                 conversion.converter.name, rule.name
             ))
         })?;
+        // What each array of the file is: one tensor, or the rows of several.
+        let mut parts: BTreeMap<usize, Vec<(u64, String)>> = BTreeMap::new();
         for r in &converted.tensors {
-            arrays_of_file.insert(
-                c.tensors[r.source].key.clone(),
-                ArraySource::Tensor {
-                    component: rule.name.clone(),
-                    tensor: r.key.clone(),
-                },
-            );
+            match r.part {
+                Some((k, _)) => parts.entry(r.source).or_default().push((k, r.key.clone())),
+                None => {
+                    let source = ArraySource::Tensor {
+                        component: rule.name.clone(),
+                        tensor: r.key.clone(),
+                        transposed: r.transposed,
+                    };
+                    arrays_of_file.insert(c.tensors[r.source].key.clone(), source);
+                }
+            }
         }
+        for (i, mut rows) in parts {
+            rows.sort();
+            let source = ArraySource::Rows {
+                component: rule.name.clone(),
+                tensors: rows.into_iter().map(|(_, key)| key).collect(),
+            };
+            arrays_of_file.insert(c.tensors[i].key.clone(), source);
+        }
+        let items = made
+            .iter()
+            .enumerate()
+            .map(|(i, (_, bytes))| match bytes {
+                Some(b) => Item::Transposed(i, b.clone()),
+                None => Item::Plain(i),
+            })
+            .collect();
+        let tensors = made.into_iter().map(|(t, _)| t).collect();
         let class = class_ref(&rule.class);
         listed.push((rule.name.clone(), rule.class.clone()));
         let mut m = ComponentModel::empty(&rule.name, class);
         m.config = to_config(config);
-        m.items = (0..tensors.len()).map(Item::Plain).collect();
+        m.items = items;
         m.tensors = tensors;
         m.weights = c.weights.clone();
         m.stamps = c.stamps.clone();
@@ -784,6 +876,24 @@ pub(crate) fn apply(
     components.push(own);
     model.components = components;
     Ok(())
+}
+
+/// Array `t` of the file at `path`, a 2-D tensor, transposed.
+fn transposed(path: &std::path::Path, t: &super::scan::SourceTensor) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    let ([rows, cols], Some(bits)) = (t.shape.as_slice(), t.dtype.bits()) else {
+        return Err(format!("{} is not a 2-D tensor of a known dtype", t.key));
+    };
+    let width = (bits / 8) as usize;
+    let (rows, cols) = (*rows as usize, *cols as usize);
+    if bits % 8 != 0 || rows * cols * width != t.length as usize {
+        return Err(format!("{}: its bytes are not its shape's", t.key));
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut stored = vec![0u8; t.length as usize];
+    file.read_exact_at(&mut stored, t.offset)
+        .map_err(|e| format!("cannot read {}: {e}", t.key))?;
+    Ok(crate::decode::elem::transpose(&stored, rows, cols, width))
 }
 
 fn class_ref((library, name): &(String, String)) -> crate::format::ClassRef {

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use super::plan::PlanBuilder;
+use super::plan::{Compute, PlanBuilder};
 use super::{Content, Files, LayoutError, Owner, FILE_METADATA, PIPELINE_FILE, ROOT_COMPONENT};
 use crate::format::json::{self, Json};
 use crate::format::safetensors::{canonical_header, Entry};
@@ -270,7 +270,7 @@ fn weights_plan(
         match (items[i].2, decoding) {
             (Bytes::Stored(location), _) => builder.push(location),
             (Bytes::Decoded(tensor, length), Some(decoding)) => {
-                builder.push_decoded(decoding, component, tensor, length)
+                builder.push_computed(decoding, Compute::Decode, component, tensor, length)
             }
             (Bytes::Decoded(..), None) => unreachable!("decoded entries only with decoding"),
         }

@@ -13,13 +13,14 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use lru::LruCache;
 
+use super::plan::Compute;
 use crate::decode::{self, Encoded, Part};
 use crate::format::{Body, Header, ObjectRef, Sha256};
 use crate::io::ObjectSource;
 use crate::sync::lock;
 
-/// A decoded tensor: (header, component, tensor).
-type Key = (Sha256, usize, usize);
+/// A computed tensor: (header, component, tensor, how).
+type Key = (Sha256, usize, usize, Compute);
 
 /// Decoded tensors by key, and their total bytes.
 type Entries = (LruCache<Key, Arc<Vec<u8>>>, u64);
@@ -50,22 +51,31 @@ pub fn cache_budget_bytes() -> u64 {
     *BUDGET
 }
 
-/// Fills `buf` with the decoded bytes of tensor `at` = (component, tensor) of `header` from
-/// `offset`.
+/// Fills `buf` with the bytes of tensor `at` = (component, tensor) of `header` computed by
+/// `how` (decoded, or transposed), from `offset`.
 ///
 /// # Errors
-/// A part cannot be read, or the decode is refused (`InvalidData`, naming the component, the
-/// tensor and why).
+/// A part cannot be read, or the computation is refused (`InvalidData`, naming the component,
+/// the tensor and why: a decode the scheme refuses, a transpose of what is not a plain 2-D
+/// tensor).
 pub(crate) fn read(
     source: &dyn ObjectSource,
     header: &Header,
     header_ref: &ObjectRef,
+    how: Compute,
     at: (usize, usize),
     offset: u64,
     buf: &mut [u8],
 ) -> io::Result<()> {
-    let key = (header_ref.sha256, at.0, at.1);
-    let bytes = cached(key, || decode_tensor(source, header, at.0, at.1))?;
+    let key = (header_ref.sha256, at.0, at.1, how);
+    let bytes = cached(key, || match how {
+        Compute::Decode => decode_tensor(source, header, at.0, at.1),
+        Compute::Transpose => transpose_tensor(source, header, at.0, at.1),
+    })?;
+    copy_out(&bytes, offset, buf)
+}
+
+fn copy_out(bytes: &[u8], offset: u64, buf: &mut [u8]) -> io::Result<()> {
     let start = offset as usize;
     let end = start + buf.len();
     if end > bytes.len() {
@@ -103,6 +113,47 @@ fn cached(key: Key, decode: impl FnOnce() -> io::Result<Vec<u8>>) -> io::Result<
         *total += size;
     }
     Ok(bytes)
+}
+
+/// Reads plain 2-D tensor `tensor` of component `component` and transposes it.
+fn transpose_tensor(
+    source: &dyn ObjectSource,
+    header: &Header,
+    component: usize,
+    tensor: usize,
+) -> io::Result<Vec<u8>> {
+    let c = &header.components[component];
+    let t = &c.tensors[tensor];
+    let refuse = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("component {:?} tensor {:?}: {why}", c.name, t.key),
+        )
+    };
+    let Body::Plain(location) = t.body else {
+        return Err(refuse("is encoded, so it is not transposed"));
+    };
+    let ([rows, cols], Some(bits)) = (t.shape.as_slice(), t.dtype.bits()) else {
+        return Err(refuse("is not a 2-D tensor of a known dtype"));
+    };
+    let width = (bits / 8) as usize;
+    let (rows, cols) = (*rows as usize, *cols as usize);
+    if bits % 8 != 0 || rows * cols * width != location.length as usize {
+        return Err(refuse(
+            "is not of whole bytes, or its length is not its shape's",
+        ));
+    }
+    let mut stored = vec![0u8; location.length as usize];
+    let mut at = 0;
+    for (chunk, offset, length) in header.pieces(location) {
+        source.read_object(
+            &header.chunks[chunk],
+            offset,
+            &mut stored[at..at + length as usize],
+        )?;
+        at += length as usize;
+    }
+    Ok(decode::elem::transpose(&stored, rows, cols, width))
 }
 
 /// Reads the parts of tensor `tensor` of component `component` and decodes it whole.

@@ -25,16 +25,28 @@ pub enum Source {
     },
     /// Zero bytes (padding), held nowhere.
     Zeros,
-    /// The logical bytes of encoded tensor `tensor` of component `component`, decoded, from
-    /// byte `offset`.
-    Decoded {
+    /// Bytes of tensor `tensor` of component `component` that are in no chunk, computed when
+    /// read ([`Compute`]), from byte `offset` of the computed tensor.
+    Computed {
+        /// How they are computed.
+        how: Compute,
         /// Index into the header's components.
         component: u32,
         /// Index into the component's tensors.
         tensor: u32,
-        /// Offset within the decoded tensor.
+        /// Offset within the computed tensor.
         offset: u64,
     },
+}
+
+/// How a computed segment's tensor is made from stored bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Compute {
+    /// An encoded tensor's logical bytes, decoded (a decoded view).
+    Decode,
+    /// A plain 2-D tensor transposed (a single file's array that the import stored the other
+    /// way, OpenCLIP's `text_projection`).
+    Transpose,
 }
 
 /// A contiguous range of bytes placed at `file_offset` in the file.
@@ -151,20 +163,22 @@ impl<'h> PlanBuilder<'h> {
         self.end += length;
     }
 
-    /// Appends the decoded bytes of tensor `tensor` of component `component` (`length` bytes),
-    /// which the plan decodes from `header` (object `header_ref`) when they are read.
-    pub(crate) fn push_decoded(
+    /// Appends tensor `tensor` of component `component` (`length` bytes) computed by `how`,
+    /// which the plan does from `header` (object `header_ref`) when the bytes are read.
+    pub(crate) fn push_computed(
         &mut self,
-        decoding: &(Arc<Header>, ObjectRef),
+        computing: &(Arc<Header>, ObjectRef),
+        how: Compute,
         component: usize,
         tensor: usize,
         length: u64,
     ) {
-        self.decoding.get_or_insert_with(|| decoding.clone());
+        self.decoding.get_or_insert_with(|| computing.clone());
         if length == 0 {
             return;
         }
-        let source = Source::Decoded {
+        let source = Source::Computed {
+            how,
             component: component as u32,
             tensor: tensor as u32,
             offset: 0,
@@ -211,8 +225,9 @@ impl SafetensorsPlan {
         &self.chunks
     }
 
-    /// Whether the file decodes tensors when read (a weights file of a decoded view whose
-    /// component has encoded tensors): those tensors' bytes are in no chunk.
+    /// Whether the file computes tensors when read (a weights file of a decoded view whose
+    /// component has encoded tensors, or a single file's transposed array): those tensors'
+    /// bytes are in no chunk.
     pub fn decodes(&self) -> bool {
         self.decoding.is_some()
     }
@@ -256,12 +271,16 @@ impl SafetensorsPlan {
                     record.extend_from_slice(&offset.to_le_bytes());
                 }
                 Source::Zeros => record.push(2),
-                Source::Decoded {
+                Source::Computed {
+                    how,
                     component,
                     tensor,
                     offset,
                 } => {
-                    record.push(3);
+                    record.push(match how {
+                        Compute::Decode => 3,
+                        Compute::Transpose => 4,
+                    });
                     record.extend_from_slice(&component.to_le_bytes());
                     record.extend_from_slice(&tensor.to_le_bytes());
                     record.extend_from_slice(&offset.to_le_bytes());
@@ -333,7 +352,8 @@ impl SafetensorsPlan {
                     offset: offset + within,
                     buf: here,
                 }),
-                Source::Decoded {
+                Source::Computed {
+                    how,
                     component,
                     tensor,
                     offset,
@@ -341,9 +361,17 @@ impl SafetensorsPlan {
                     let (header, header_ref) = self
                         .decoding
                         .as_ref()
-                        .expect("decoded segments carry their header");
+                        .expect("computed segments carry their header");
                     let at = (component as usize, tensor as usize);
-                    super::decoded::read(source, header, header_ref, at, offset + within, here)?
+                    super::decoded::read(
+                        source,
+                        header,
+                        header_ref,
+                        how,
+                        at,
+                        offset + within,
+                        here,
+                    )?
                 }
             }
             out = rest;

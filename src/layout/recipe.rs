@@ -9,7 +9,8 @@
 //! {"text": "<the file's exact text>"}                                 configs, model_index.json, shard indexes
 //! {"component": "<name>", "header": "<the exact safetensors header JSON, padding included>",
 //!  "arrays": {"<array>": {"tensor": "<key>", "role": "<role>"} | {"hex": "<the bytes>"}
-//!             | {"component": "<name>", "tensor": "<key>"}, …}}
+//!             | {"component": "<name>", "tensor": "<key>"[, "transposed": true]}
+//!             | {"component": "<name>", "rows": ["<key>", …]}, …}}
 //! {"component": "<name>", "gguf": {<the GGUF header, structured>}, "size": <bytes>,
 //!  "arrays": {"<tensor>": {"tensor": "<key>", "role": "<role>"}, …}}           a GGUF file
 //! ```
@@ -30,7 +31,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::plan::PlanBuilder;
+use super::plan::{Compute, PlanBuilder};
 use super::{Content, Files, LayoutError, Owner};
 use crate::format::gguf::Gguf;
 use crate::format::json::{self, Json};
@@ -87,12 +88,24 @@ pub enum ArraySource {
     Bytes(Vec<u8>),
     /// The plain tensor `tensor` of another component, `component`: a single-file
     /// checkpoint's array that the import stored under its Diffusers name. Its bytes are the
-    /// array's; its shape may read them otherwise (a 1×1 kernel as a linear weight).
+    /// array's (its shape may read them otherwise, a 1×1 kernel as a linear weight), or with
+    /// `transposed` the 2-D tensor's transposed (OpenCLIP's `text_projection`).
     Tensor {
         /// The component's name.
         component: String,
         /// The tensor's key there.
         tensor: String,
+        /// Whether the array is the tensor transposed.
+        transposed: bool,
+    },
+    /// Plain tensors `tensors` of component `component`, one after another: a single file's
+    /// fused array (OpenCLIP's `in_proj_weight`) that the import stored as its row parts
+    /// (Diffusers' `q_proj`, `k_proj`, `v_proj`).
+    Rows {
+        /// The component's name.
+        component: String,
+        /// The parts' keys, in row order.
+        tensors: Vec<String>,
     },
 }
 
@@ -193,12 +206,15 @@ impl SourceFiles {
         }))
     }
 
+    /// Lays out every recorded file; `computing` (the header and its object) is what a
+    /// segment computed on read (a transposed tensor) reads through.
     pub(super) fn lay_out(
         &self,
         header: &Header,
         folders: &[String],
         chunks: &Arc<[ObjectRef]>,
         files: &mut Files,
+        computing: &(Arc<Header>, ObjectRef),
     ) -> Result<(), LayoutError> {
         let mut indexes = Indexes::new(header);
         for (path, file) in &self.0 {
@@ -217,7 +233,7 @@ impl SourceFiles {
                             header: text,
                             arrays,
                             ..
-                        } => plan(header, chunks, text, index, &mut indexes, arrays),
+                        } => plan(header, chunks, text, index, &mut indexes, arrays, computing),
                         SourceFile::Gguf {
                             gguf: g,
                             size,
@@ -273,11 +289,11 @@ impl<'h> Indexes<'h> {
     }
 
     /// Tensor `key` of the component called `name`.
-    fn find(&mut self, name: &str, key: &str) -> Option<&'h Tensor> {
+    fn find(&mut self, name: &str, key: &str) -> Option<(usize, usize, &'h Tensor)> {
         let header = self.header;
         let c = header.components.iter().position(|c| c.name == name)?;
-        let i = *self.of(c).get(key)?;
-        header.components[c].tensors.get(i as usize)
+        let i = *self.of(c).get(key)? as usize;
+        Some((c, i, header.components[c].tensors.get(i)?))
     }
 }
 
@@ -297,9 +313,26 @@ fn push_arrays(fields: &mut Vec<(String, Value)>, arrays: &BTreeMap<String, Arra
             ArraySource::Bytes(bytes) => {
                 Value::map([("hex".to_owned(), text(&hex::encode(bytes)))])
             }
-            ArraySource::Tensor { component, tensor } => Value::map([
+            ArraySource::Tensor {
+                component,
+                tensor,
+                transposed,
+            } => {
+                let mut fields = vec![
+                    ("component".to_owned(), text(component)),
+                    ("tensor".to_owned(), text(tensor)),
+                ];
+                if *transposed {
+                    fields.push(("transposed".to_owned(), Value::Bool(true)));
+                }
+                Value::map(fields)
+            }
+            ArraySource::Rows { component, tensors } => Value::map([
                 ("component".to_owned(), text(component)),
-                ("tensor".to_owned(), text(tensor)),
+                (
+                    "rows".to_owned(),
+                    Value::Array(tensors.iter().map(|t| text(t)).collect()),
+                ),
             ]),
         };
         (name.clone(), entry)
@@ -329,6 +362,11 @@ fn arrays_of(
             Some(Value::Text(t)) => Some(t.clone()),
             _ => None,
         };
+        let transposed = match get("transposed") {
+            None => false,
+            Some(Value::Bool(true)) => true,
+            Some(_) => return Err(bad()),
+        };
         let source = match (text("tensor"), text("role"), text("hex"), text("component")) {
             (Some(tensor), Some(role), None, None) if fields.len() == 2 => {
                 ArraySource::Part { tensor, role }
@@ -336,8 +374,26 @@ fn arrays_of(
             (None, None, Some(hex), None) if fields.len() == 1 => {
                 ArraySource::Bytes(hex::decode(hex).map_err(|_| bad())?)
             }
-            (Some(tensor), None, None, Some(component)) if fields.len() == 2 => {
-                ArraySource::Tensor { component, tensor }
+            (Some(tensor), None, None, Some(component))
+                if fields.len() == 2 + usize::from(transposed) =>
+            {
+                ArraySource::Tensor {
+                    component,
+                    tensor,
+                    transposed,
+                }
+            }
+            (None, None, None, Some(component)) if fields.len() == 2 => {
+                let Some(Value::Array(rows)) = get("rows") else {
+                    return Err(bad());
+                };
+                let tensors = rows
+                    .iter()
+                    .map(|r| r.as_text().map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(bad)?;
+                ArraySource::Rows { component, tensors }
             }
             _ => return Err(bad()),
         };
@@ -374,6 +430,7 @@ fn plan(
     component: usize,
     indexes: &mut Indexes<'_>,
     arrays: &BTreeMap<String, ArraySource>,
+    computing: &(Arc<Header>, ObjectRef),
 ) -> Result<(super::SafetensorsPlan, Vec<u32>, bool), String> {
     let all = &header.components[component].tensors;
     // The data length is not recorded; the header's own offsets give it.
@@ -427,8 +484,9 @@ fn plan(
             Some(ArraySource::Tensor {
                 component: other,
                 tensor,
+                transposed,
             }) => {
-                let t = indexes.find(other, tensor).ok_or_else(|| {
+                let (c, i, t) = indexes.find(other, tensor).ok_or_else(|| {
                     format!(
                         "array {:?} is {other}'s {tensor:?}, which it lacks",
                         info.name
@@ -444,7 +502,53 @@ fn plan(
                         info.name, info.dtype, t.dtype, location.length
                     ));
                 }
-                builder.push(location);
+                match transposed {
+                    false => builder.push(location),
+                    true => {
+                        let flipped: Vec<u64> = t.shape.iter().rev().copied().collect();
+                        if t.shape.len() != 2 || flipped != info.shape {
+                            return Err(format!(
+                                "array {:?} has shape {:?}, not {other}'s {tensor:?} {:?} \
+                                 transposed",
+                                info.name, info.shape, t.shape
+                            ));
+                        }
+                        builder.push_computed(computing, Compute::Transpose, c, i, length);
+                    }
+                }
+                others = true;
+                continue;
+            }
+            Some(ArraySource::Rows {
+                component: other,
+                tensors,
+            }) => {
+                let mut total = 0;
+                for tensor in tensors {
+                    let (_, _, t) = indexes.find(other, tensor).ok_or_else(|| {
+                        format!(
+                            "array {:?} holds {other}'s {tensor:?}, which it lacks",
+                            info.name
+                        )
+                    })?;
+                    let Body::Plain(location) = t.body else {
+                        return Err(format!("{other}'s {tensor:?} is encoded, not plain"));
+                    };
+                    if t.dtype != info.dtype {
+                        return Err(format!(
+                            "array {:?} is {} but {other}'s {tensor:?} is {}",
+                            info.name, info.dtype, t.dtype
+                        ));
+                    }
+                    total += location.length;
+                    builder.push(location);
+                }
+                if total != length {
+                    return Err(format!(
+                        "array {:?} is {length} bytes in the header, its rows {total}",
+                        info.name
+                    ));
+                }
                 others = true;
                 continue;
             }

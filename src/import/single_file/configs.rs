@@ -336,7 +336,7 @@ pub(crate) struct Extra {
     pub assets: BTreeMap<String, Vec<u8>>,
 }
 
-/// The tokenizer and scheduler of `family`'s pipelines.
+/// The tokenizers and scheduler of `family`'s pipelines.
 ///
 /// # Errors
 /// The family's entry names a vocabulary that is not bundled, or is malformed.
@@ -344,6 +344,7 @@ pub(crate) fn extras(family: &Value) -> Result<Vec<Extra>, String> {
     let mut out = Vec::new();
     for (name, config_file) in [
         ("tokenizer", "tokenizer_config.json"),
+        ("tokenizer_2", "tokenizer_config.json"),
         ("scheduler", "scheduler_config.json"),
     ] {
         let Some(entry) = family.get(name) else {

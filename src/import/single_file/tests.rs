@@ -244,7 +244,11 @@ fn a_file_no_converter_knows_is_unknown() {
 fn two_matching_converters_are_refused() {
     let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
     let converters = raw["converters"].as_array_mut().unwrap();
-    let mut twin = converters[1].clone();
+    let vae = converters
+        .iter()
+        .position(|c| c["name"] == "vae.single_file")
+        .unwrap();
+    let mut twin = converters[vae].clone();
     twin["name"] = "vae.twin".into();
     converters.push(twin);
     let t = parse_table(&raw.to_string()).unwrap();
@@ -272,5 +276,57 @@ fn the_clip_vocabulary_has_clips_ids() {
     assert_eq!(
         vocab["in"], 512,
         "the first merge follows the 512 byte tokens"
+    );
+}
+
+#[test]
+fn openclip_splits_fused_qkv_into_row_parts_and_transposes_the_projection() {
+    let t = table();
+    let vars = HashMap::new();
+    let Some(Mapped::Keys { keys, op }) = t.map(
+        "open_clip",
+        "transformer.resblocks.3.attn.in_proj_weight",
+        &vars,
+    ) else {
+        panic!("not mapped");
+    };
+    assert_eq!(
+        keys,
+        [
+            "text_model.encoder.layers.3.self_attn.q_proj.weight",
+            "text_model.encoder.layers.3.self_attn.k_proj.weight",
+            "text_model.encoder.layers.3.self_attn.v_proj.weight",
+        ]
+    );
+    assert_eq!(op, Op::Same);
+    assert_eq!(
+        t.map("open_clip", "text_projection", &vars),
+        Some(Mapped::Keys {
+            keys: vec!["text_projection.weight".into()],
+            op: Op::Transpose
+        })
+    );
+    assert_eq!(t.map("open_clip", "logit_scale", &vars), Some(Mapped::Kept));
+}
+
+#[test]
+fn fused_rows_that_do_not_split_evenly_are_refused_by_name() {
+    let prefix = "conditioner.embedders.1.model.";
+    let owned = keys(&[
+        (
+            "conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.weight",
+            &[10, 4],
+        ),
+        (&format!("{prefix}token_embedding.weight"), &[10, 6]),
+        (
+            &format!("{prefix}transformer.resblocks.0.attn.in_proj_weight"),
+            &[17, 6],
+        ),
+    ]);
+    let converter = named("sdxl.single_file").unwrap();
+    let err = convert(table(), converter, &source(&owned)).unwrap_err();
+    assert!(
+        err.contains("in_proj_weight") && err.contains("split in 3"),
+        "{err}"
     );
 }

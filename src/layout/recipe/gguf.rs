@@ -291,7 +291,7 @@ pub(super) fn plan(
                     info.name
                 ))
             }
-            Some(ArraySource::Tensor { .. }) => {
+            Some(ArraySource::Tensor { .. } | ArraySource::Rows { .. }) => {
                 return Err(format!(
                     "tensor {:?}: a GGUF file holds only its own component's tensors",
                     info.name
