@@ -330,3 +330,47 @@ fn a_named_converter_takes_one_file_alone() {
         fs::read(&b).unwrap()
     );
 }
+
+#[test]
+fn markers_set_what_the_weights_cannot_tell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let scheduler = |name: &str, metadata: Option<&[(&str, &str)]>| {
+        let mut tensors = sd1_tensors();
+        tensors.push(("v_pred".to_owned(), vec![0]));
+        let data: Vec<Vec<u8>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, (_, shape))| floats(shape.iter().product(), i as u32))
+            .collect();
+        let views: Vec<T> = tensors
+            .iter()
+            .zip(&data)
+            .map(|((n, shape), d)| T(n, Dtype::F32, shape.clone(), d.clone()))
+            .collect();
+        let file = tmp.path().join(format!("{name}.safetensors"));
+        fs::write(&file, safetensors_file(&views, metadata)).unwrap();
+        let repo = format!("local/{name}");
+        ok(&store, &["import", file.to_str().unwrap(), "--name", &repo]);
+        let out = tmp.path().join(name);
+        ok(
+            &store,
+            &["export", &repo, out.to_str().unwrap(), "--diffusers"],
+        );
+        assert_eq!(
+            fs::read(tmp.path().join(format!("{name}.safetensors"))).unwrap(),
+            {
+                let plain = tmp.path().join(format!("{name}-plain"));
+                ok(&store, &["export", &repo, plain.to_str().unwrap()]);
+                fs::read(plain.join(format!("{name}.safetensors"))).unwrap()
+            },
+            "the marker stays in the file"
+        );
+        json(&out.join("scheduler/scheduler_config.json"))
+    };
+    // ComfyUI's marker array says v-prediction.
+    assert_eq!(scheduler("vpred", None)["prediction_type"], "v_prediction");
+    // The producer's metadata says otherwise, and wins.
+    let said = [("modelspec.prediction_type", "epsilon")];
+    assert_eq!(scheduler("eps", Some(&said))["prediction_type"], "epsilon");
+}

@@ -45,7 +45,30 @@ struct RawTable {
     about: String,
     keymaps: BTreeMap<String, RawKeymap>,
     families: BTreeMap<String, serde_json::Value>,
+    markers: Vec<Marker>,
     converters: Vec<Converter>,
+}
+
+/// Config values a file's own markers set: a ComfyUI marker array (`v_pred`, `ztsnr`) or a
+/// `__metadata__` value (`modelspec.prediction_type`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Marker {
+    when: MarkerWhen,
+    /// Config values by component name.
+    set: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+enum MarkerWhen {
+    /// The file holds an array of this name.
+    Key { key: String },
+    /// The file's `__metadata__` holds this key with one of these values.
+    Metadata {
+        metadata: String,
+        equals: Vec<String>,
+    },
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,6 +117,8 @@ pub(crate) struct Table {
     keymaps: HashMap<String, Keymap>,
     /// Family defaults by name (`sd1`), as written in the table.
     pub families: BTreeMap<String, serde_json::Value>,
+    /// Markers, in the table's order.
+    markers: Vec<Marker>,
     /// The converters, in the table's order.
     pub converters: Vec<Converter>,
 }
@@ -207,6 +232,7 @@ fn parse_table(text: &str) -> Result<Table, String> {
     Ok(Table {
         keymaps,
         families: raw.families,
+        markers: raw.markers,
         converters: raw.converters,
     })
 }
@@ -487,6 +513,39 @@ impl Table {
     }
 }
 
+impl Table {
+    /// The config values a file's markers set, by component: those of its `__metadata__`
+    /// over those of its marker arrays (a producer's statement over a loader's convention).
+    pub(crate) fn marked(
+        &self,
+        keys: &BTreeSet<&str>,
+        metadata: &[(String, String)],
+    ) -> BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
+        let mut out: BTreeMap<String, serde_json::Map<String, serde_json::Value>> = BTreeMap::new();
+        let by_key = self.markers.iter().filter(|m| match &m.when {
+            MarkerWhen::Key { key } => keys.contains(key.as_str()),
+            MarkerWhen::Metadata { .. } => false,
+        });
+        let by_metadata = self.markers.iter().filter(|m| match &m.when {
+            MarkerWhen::Metadata {
+                metadata: name,
+                equals,
+            } => metadata
+                .iter()
+                .any(|(k, v)| k == name && equals.iter().any(|e| e == v)),
+            MarkerWhen::Key { .. } => false,
+        });
+        for marker in by_key.chain(by_metadata) {
+            for (component, values) in &marker.set {
+                out.entry(component.clone())
+                    .or_default()
+                    .extend(values.clone());
+            }
+        }
+        out
+    }
+}
+
 /// A source array as the converter sees it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SourceKey<'a> {
@@ -755,6 +814,14 @@ pub(crate) fn apply(
         Outcome::Converted(c) => c,
     };
     let family = &table().families[&conversion.converter.family];
+    let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
+    let metadata = model
+        .file_metadata
+        .get(&c.name)
+        .map_or(&[][..], Vec::as_slice);
+    let marked = table().marked(&keys, metadata);
+    let no_values = serde_json::Map::new();
+    let marked_for = |name: &str| marked.get(name).unwrap_or(&no_values);
     let dtype = main_dtype(&c.tensors);
     let mut components = Vec::new();
     let mut arrays_of_file = BTreeMap::new();
@@ -789,8 +856,15 @@ pub(crate) fn apply(
                 .cmp(&a.dtype.rank())
                 .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
         });
-        let config = configs::config(&rule.class, family, &rule.name, &converted.tensors, &dtype)
-            .map_err(|why| {
+        let config = configs::config(
+            &rule.class,
+            family,
+            marked_for(&rule.name),
+            &rule.name,
+            &converted.tensors,
+            &dtype,
+        )
+        .map_err(|why| {
             fail(format!(
                 "{}: {}'s config: {why}",
                 conversion.converter.name, rule.name
@@ -839,7 +913,8 @@ pub(crate) fn apply(
         components.push(m);
     }
     if conversion.converter.pipeline.is_some() {
-        for extra in configs::extras(family).map_err(fail)? {
+        for mut extra in configs::extras(family).map_err(fail)? {
+            extra.config.extend(marked_for(&extra.name).clone());
             listed.push((extra.name.clone(), extra.class.clone()));
             let mut m = ComponentModel::empty(&extra.name, class_ref(&extra.class));
             m.config = to_config(extra.config);

@@ -76,7 +76,8 @@ impl<'a> Shapes<'a> {
 }
 
 /// The config of component `name` (class `class`) made of `tensors` (Diffusers keys), whose
-/// weights are mostly `dtype` (a safetensors dtype name), with `family`'s values.
+/// weights are mostly `dtype` (a safetensors dtype name): what the weights tell, then what the
+/// file's markers set (`marked`), then `family`'s values.
 ///
 /// # Errors
 /// A tensor the class's config is read from is missing or has another rank; a family value
@@ -84,6 +85,7 @@ impl<'a> Shapes<'a> {
 pub(crate) fn config(
     class: &(String, String),
     family: &Value,
+    marked: &Map<String, Value>,
     name: &str,
     tensors: &[Renamed],
     dtype: &str,
@@ -99,6 +101,9 @@ pub(crate) fn config(
         }
         other => return Err(format!("no config is derived for class {other}")),
     };
+    for (k, v) in marked {
+        config.entry(k.clone()).or_insert_with(|| v.clone());
+    }
     if let Value::Object(values) = &defaults {
         for (k, v) in values {
             if !DIRECTIVES.contains(&k.as_str()) {
