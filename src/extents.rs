@@ -43,6 +43,17 @@ pub enum LocateError {
         /// The file.
         file: String,
     },
+    /// The file is a single-file checkpoint's, whose arrays are several components' tensors
+    /// (some of them split or transposed): its extents are not given; the lane's Diffusers
+    /// face has each component's weights file.
+    #[error(
+        "{file}: a single-file checkpoint's arrays are its components' tensors; locate them in \
+         the lane's @diffusers folder"
+    )]
+    SingleFile {
+        /// The file.
+        file: String,
+    },
     /// The file holds no tensor of that name.
     #[error("{file}: no tensor {tensor:?}")]
     NoTensor {
@@ -78,11 +89,14 @@ pub enum LocateError {
 }
 
 impl LocateError {
-    /// The errno the mount answers with: `EOPNOTSUPP` (not a safetensors file), `ENOENT` (no
-    /// such tensor), `ENODATA` (decoded in this view), `EIO` (inconsistent layout).
+    /// The errno the mount answers with: `EOPNOTSUPP` (not a safetensors file, or a single
+    /// file's), `ENOENT` (no such tensor), `ENODATA` (decoded in this view), `EIO`
+    /// (inconsistent layout).
     pub fn errno(&self) -> i32 {
         match self {
-            LocateError::NoFile { .. } | LocateError::NotSafetensors { .. } => libc::EOPNOTSUPP,
+            LocateError::NoFile { .. }
+            | LocateError::NotSafetensors { .. }
+            | LocateError::SingleFile { .. } => libc::EOPNOTSUPP,
             LocateError::NoTensor { .. } => libc::ENOENT,
             LocateError::Decoded { .. } => libc::ENODATA,
             LocateError::Invalid { .. } => libc::EIO,
@@ -230,6 +244,11 @@ impl FileTensors {
         let not_safetensors = || LocateError::NotSafetensors {
             file: file.to_owned(),
         };
+        if lane_file.owner == Owner::Checkpoint {
+            return Err(LocateError::SingleFile {
+                file: file.to_owned(),
+            });
+        }
         let (Content::Safetensors(plan), Owner::Component { index, tensors }) =
             (&lane_file.content, &lane_file.owner)
         else {

@@ -374,3 +374,24 @@ fn markers_set_what_the_weights_cannot_tell() {
     let said = [("modelspec.prediction_type", "epsilon")];
     assert_eq!(scheduler("eps", Some(&said))["prediction_type"], "epsilon");
 }
+
+#[test]
+fn locate_points_a_single_files_arrays_to_the_diffusers_face() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let file = write(tmp.path(), "one.safetensors", &sd1_tensors());
+    ok(
+        &store,
+        &["import", file.to_str().unwrap(), "--name", "local/one"],
+    );
+    let err = fails(
+        &store,
+        &[
+            "locate",
+            "local/one",
+            "one.safetensors",
+            "model.diffusion_model.out.2.weight",
+        ],
+    );
+    assert!(err.contains("@diffusers"), "{err}");
+}
