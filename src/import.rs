@@ -396,10 +396,17 @@ pub fn import(
         header
             .metadata
             .insert(SOURCE_FILES.into(), lane.recipe.to_value());
-        if let Some((converter, file)) = &lane.single_file {
+        if let Some(single) = &lane.single_file {
             let record = Value::map([
-                ("converter".to_owned(), Value::Text(converter.clone())),
-                ("file".to_owned(), Value::Text(file.clone())),
+                (
+                    "converter".to_owned(),
+                    Value::Text(single.converter.clone()),
+                ),
+                ("file".to_owned(), Value::Text(single.file.clone())),
+                (
+                    "component".to_owned(),
+                    Value::Text(single.component.clone()),
+                ),
             ]);
             header.metadata.insert(SINGLE_FILE.into(), record);
         }

@@ -42,7 +42,8 @@ pub const PIPELINE_FILE: &str = "model_index.json";
 pub const FILE_METADATA: &str = "safetensors_metadata";
 
 /// Header metadata of a lane imported from a single-file checkpoint
-/// (`import::single_file`): `{"converter": <name>, "file": <its path in the lane>}`. Such a
+/// (`import::single_file`): `{"converter": <name>, "file": <its path in the lane>,
+/// "component": <the file's own component>}`. Such a
 /// lane's components are Diffusers components, and it has two faces: the file itself
 /// ([`Face::AsImported`], through the recipe) and a Diffusers folder ([`Face::Diffusers`]).
 pub const SINGLE_FILE: &str = "single_file";
@@ -244,13 +245,24 @@ impl LaneView {
         if face == Face::Diffusers && !single_file {
             return Err(files.invalid(SINGLE_FILE, "the lane is no single-file checkpoint"));
         }
-        let folders = canonical::folders(header);
+        let own = Self::single_file_component(header);
         let shown = |index: usize| match face {
-            Face::Diffusers => canonical::listed(header, index),
+            // Every component but the file's own (what Diffusers does not load).
+            Face::Diffusers => match own {
+                Some(own) => header.components[index].name != own,
+                None => canonical::listed(header, index),
+            },
             Face::Decoded => true,
             // The file holds the tensors; the Diffusers components' files are the other face.
             Face::AsImported => !single_file,
         };
+        let mut folders = canonical::folders(header);
+        // A component alone (a VAE's file) is the Diffusers folder itself, as a Diffusers
+        // model repo is, so `AutoencoderKL.from_pretrained(<lane>@diffusers)` loads it.
+        let alone: Vec<usize> = (0..header.components.len()).filter(|&i| shown(i)).collect();
+        if let (Face::Diffusers, None, [i]) = (face, &header.pipeline, alone.as_slice()) {
+            folders[*i] = String::new();
+        }
         for (index, (component, folder)) in header.components.iter().zip(&folders).enumerate() {
             if !shown(index) {
                 continue;
@@ -309,6 +321,17 @@ impl LaneView {
     /// Whether `header` is a single-file checkpoint's, and so has a Diffusers face.
     pub fn is_single_file(header: &Header) -> bool {
         header.metadata.contains_key(SINGLE_FILE)
+    }
+
+    /// A single-file checkpoint's own component (the arrays no Diffusers component takes).
+    fn single_file_component(header: &Header) -> Option<&str> {
+        match header.metadata.get(SINGLE_FILE)? {
+            crate::format::Value::Map(fields) => fields
+                .iter()
+                .find(|(k, _)| k == "component")
+                .and_then(|(_, v)| v.as_text()),
+            _ => None,
+        }
     }
 
     /// Whether `header` has encoded tensors, and so a decoded view that differs from the lane.

@@ -85,7 +85,10 @@ pub fn quantize(
         components: Vec::new(),
         metadata: src.metadata.clone(),
     };
+    // The new lane's files are the libraries' (its tensors changed): neither the source's
+    // recipe nor its single file's record describes them.
     header.metadata.remove(SOURCE_FILES);
+    header.metadata.remove(crate::layout::SINGLE_FILE);
     let mut kept = KeptChunks::default();
     let mut staged: Vec<Staged> = Vec::new();
     let mut report = QuantizeReport {

@@ -81,6 +81,23 @@ fn a_background_mount_serves_until_unmounted() {
 }
 
 #[test]
+fn an_unmount_waits_out_a_moments_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_src, store, mnt, _) = mounted_tiny(dir.path(), &[]);
+    let _cleanup = Cleanup(&mnt);
+    // A file held open for a moment (as another process's scan would) is let go of while the
+    // unmount tries again.
+    let held = fs::File::open(mnt.join("local/tiny/latest/f32/config.json")).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(held);
+    });
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    release.join().unwrap();
+    assert!(!mounted(&mnt));
+}
+
+#[test]
 fn mounting_on_a_folder_with_files_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");

@@ -52,8 +52,16 @@ fn sd1_tensors() -> Vec<(String, Vec<usize>)> {
     add(&v("encoder.mid.attn_1.q.weight"), &[16, 16, 1, 1]);
     add(&v("encoder.mid.attn_1.q.bias"), &[16]);
     add(&v("decoder.conv_in.weight"), &[16, 4, 3, 3]);
-    add(&v("decoder.up.0.block.0.conv1.weight"), &[8, 8, 3, 3]);
-    add(&v("decoder.up.1.block.0.conv1.weight"), &[16, 16, 3, 3]);
+    for j in 0..2 {
+        add(
+            &v(&format!("decoder.up.0.block.{j}.conv1.weight")),
+            &[8, 8, 3, 3],
+        );
+        add(
+            &v(&format!("decoder.up.1.block.{j}.conv1.weight")),
+            &[16, 16, 3, 3],
+        );
+    }
     add(&v("decoder.up.1.upsample.conv.weight"), &[16, 16, 3, 3]);
     add(&v("decoder.conv_out.weight"), &[3, 8, 3, 3]);
     add(&v("post_quant_conv.weight"), &[4, 4, 1, 1]);
@@ -394,4 +402,233 @@ fn locate_points_a_single_files_arrays_to_the_diffusers_face() {
         ],
     );
     assert!(err.contains("@diffusers"), "{err}");
+    let said = ok(
+        &store,
+        &[
+            "locate",
+            "local/one",
+            "unet/diffusion_pytorch_model.safetensors",
+            "conv_out.weight",
+            "--diffusers",
+        ],
+    );
+    assert!(said.contains("conv_out.weight"), "{said}");
+}
+
+/// A CompVis VAE alone: the VAE of [`sd1_tensors`] without its prefix, and the training
+/// loss's arrays its releases carry.
+fn vae_tensors() -> Vec<(String, Vec<usize>)> {
+    let mut t: Vec<(String, Vec<usize>)> = sd1_tensors()
+        .into_iter()
+        .filter_map(|(k, s)| Some((k.strip_prefix("first_stage_model.")?.to_owned(), s)))
+        .collect();
+    t.push(("loss.logvar".into(), vec![1]));
+    t
+}
+
+#[test]
+fn a_vae_named_vae_is_its_own_diffusers_model_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let file = write(tmp.path(), "vae.safetensors", &vae_tensors());
+    let said = ok(
+        &store,
+        &[
+            "import",
+            file.to_str().unwrap(),
+            "--name",
+            "local/vae",
+            "--json",
+        ],
+    );
+    assert!(!said.contains("not converted"), "{said}");
+    let plain = tmp.path().join("plain");
+    ok(&store, &["export", "local/vae", plain.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(plain.join("vae.safetensors")).unwrap(),
+        fs::read(&file).unwrap()
+    );
+    let face = tmp.path().join("face");
+    ok(
+        &store,
+        &["export", "local/vae", face.to_str().unwrap(), "--diffusers"],
+    );
+    let mut names: Vec<String> = fs::read_dir(&face)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["config.json", "diffusion_pytorch_model.safetensors"]
+    );
+    assert_eq!(
+        json(&face.join("config.json"))["_class_name"],
+        "AutoencoderKL"
+    );
+    let tensors = tensors_of(&face.join("diffusion_pytorch_model.safetensors"));
+    assert!(
+        !tensors.contains_key("loss.logvar"),
+        "the loss stays in the file"
+    );
+    assert!(tensors.contains_key("decoder.up_blocks.1.resnets.1.conv1.weight"));
+}
+
+#[test]
+fn an_inpainting_unet_makes_an_inpainting_pipeline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let mut tensors = sd1_tensors();
+    tensors[0].1 = vec![8, 9, 3, 3];
+    let file = write(tmp.path(), "inpaint.safetensors", &tensors);
+    ok(
+        &store,
+        &["import", file.to_str().unwrap(), "--name", "local/inpaint"],
+    );
+    let face = tmp.path().join("face");
+    ok(
+        &store,
+        &[
+            "export",
+            "local/inpaint",
+            face.to_str().unwrap(),
+            "--diffusers",
+        ],
+    );
+    assert_eq!(
+        json(&face.join("model_index.json"))["_class_name"],
+        "StableDiffusionInpaintPipeline"
+    );
+    assert_eq!(json(&face.join("unet/config.json"))["in_channels"], 9);
+}
+
+#[test]
+fn a_level_without_attention_takes_the_mid_blocks_depth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let mut tensors = sd1_tensors();
+    let u = "model.diffusion_model.";
+    tensors.push((
+        format!("{u}input_blocks.1.1.transformer_blocks.1.attn2.to_k.weight"),
+        vec![8, 16],
+    ));
+    tensors.push((
+        format!("{u}middle_block.1.transformer_blocks.0.attn1.to_q.weight"),
+        vec![16, 16],
+    ));
+    tensors.push((
+        format!("{u}middle_block.1.transformer_blocks.1.attn1.to_q.weight"),
+        vec![16, 16],
+    ));
+    let file = write(tmp.path(), "deep.safetensors", &tensors);
+    ok(
+        &store,
+        &["import", file.to_str().unwrap(), "--name", "local/deep"],
+    );
+    let face = tmp.path().join("face");
+    ok(
+        &store,
+        &[
+            "export",
+            "local/deep",
+            face.to_str().unwrap(),
+            "--diffusers",
+        ],
+    );
+    assert_eq!(
+        json(&face.join("unet/config.json"))["transformer_layers_per_block"],
+        serde_json::json!([2, 2]),
+        "Diffusers builds the mid block from the last entry"
+    );
+}
+
+#[test]
+fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let u = "model.diffusion_model.";
+    type Change = Box<dyn Fn(&mut Vec<(String, Vec<usize>)>)>;
+    let cases: Vec<(&str, Change, &str)> = vec![
+        (
+            "huge_index",
+            Box::new(move |t| {
+                t.push((
+                    format!("{u}output_blocks.4294967297.0.in_layers.0.weight"),
+                    vec![4],
+                ))
+            }),
+            "is there but not",
+        ),
+        (
+            "missing_block",
+            Box::new(move |t| t.retain(|(k, _)| !k.starts_with(&format!("{u}output_blocks.1.")))),
+            "is there but not",
+        ),
+        (
+            "leading_zero",
+            Box::new(move |t| {
+                t.push((format!("{u}input_blocks.01.0.in_layers.0.weight"), vec![4]))
+            }),
+            "have no rule",
+        ),
+        (
+            "trailing_dot",
+            Box::new(move |t| t.push((format!("{u}time_embed.0."), vec![4]))),
+            "have no rule",
+        ),
+        (
+            "conv_in_2d",
+            Box::new(|t| t[0].1 = vec![8, 4]),
+            "not 4 nonzero dimensions",
+        ),
+        (
+            "attention_3d",
+            Box::new(|t| {
+                let q = t
+                    .iter_mut()
+                    .find(|(k, _)| k.ends_with("attn_1.q.weight"))
+                    .unwrap();
+                q.1 = vec![16, 16, 1];
+            }),
+            "no linear weight",
+        ),
+        (
+            "text_96_wide",
+            Box::new(|t| {
+                for (k, s) in t.iter_mut() {
+                    if k.contains("token_embedding") || k.contains("position_embedding") {
+                        s[1] = 96;
+                    }
+                }
+            }),
+            "not heads 64 wide",
+        ),
+        (
+            "no_downsampler",
+            Box::new(move |t| t.retain(|(k, _)| !k.contains(".op."))),
+            "none is like input_blocks.{i}.0.op.weight",
+        ),
+    ];
+    for (name, change, why) in cases {
+        let mut tensors = sd1_tensors();
+        change(&mut tensors);
+        let file = write(tmp.path(), &format!("{name}.safetensors"), &tensors);
+        let repo = format!("local/{name}");
+        let said = ok(
+            &store,
+            &["import", file.to_str().unwrap(), "--name", &repo, "--json"],
+        );
+        let report: serde_json::Value = serde_json::from_str(&said).unwrap();
+        let warnings = report["warnings"].to_string();
+        assert!(warnings.contains("not converted"), "{name}: {warnings}");
+        assert!(warnings.contains(why), "{name}: {warnings}");
+        assert!(!warnings.contains("Lit("), "{name}: {warnings}");
+        let out = tmp.path().join(name);
+        ok(&store, &["export", &repo, out.to_str().unwrap()]);
+        assert_eq!(
+            fs::read(out.join(format!("{name}.safetensors"))).unwrap(),
+            fs::read(&file).unwrap(),
+            "{name}"
+        );
+    }
 }

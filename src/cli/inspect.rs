@@ -143,18 +143,25 @@ fn ls_comfyui(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
         };
         comfyui::order_lanes(&repo, &mut lanes, lane_of);
         for (i, (lane, commit)) in lanes.iter().enumerate() {
-            let view = store
-                .commit(commit)
-                .map_err(anyhow::Error::from)
-                .and_then(|c| Ok(LaneView::build(&c.id, &c.tree, &c.header)?));
-            let view = match view {
-                Ok(view) => view,
+            let commit = match store.commit(commit) {
+                Ok(c) => c,
                 Err(e) => {
                     eprintln!("tensorfs: repo {} lane {lane}: {e}", repo.name);
                     continue;
                 }
             };
-            let (shown, left_out) = comfyui::entries(&view, &repo.name, lane, i == 0);
+            let mut shown = Vec::new();
+            let mut left_out = Vec::new();
+            for &face in comfyui::faces(&commit.header) {
+                match LaneView::build_face(&commit.id, &commit.tree, &commit.header, face) {
+                    Ok(view) => {
+                        let (s, l) = comfyui::entries(&view, &repo.name, lane, i == 0);
+                        shown.extend(s);
+                        left_out.extend(l);
+                    }
+                    Err(e) => eprintln!("tensorfs: repo {} lane {lane}: {e}", repo.name),
+                }
+            }
             for e in shown {
                 let file = match e.shows {
                     Shows::File(f) => f,

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::Cli;
 use crate::extents::{self, ioctl, Located};
-use crate::layout::LaneView;
+use crate::layout::{Face, LaneView};
 use crate::revisions::resolve_one;
 
 /// Arguments of `locate`.
@@ -35,6 +35,9 @@ pub struct Args {
     /// With REF: FILE is in the decoded view (the mount's `<lane>@decoded`).
     #[arg(long)]
     pub decode: bool,
+    /// With REF: FILE is in a single file's Diffusers folder (the mount's `<lane>@diffusers`).
+    #[arg(long, conflicts_with = "decode")]
+    pub diffusers: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -43,8 +46,11 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let located = match &args.tensor {
         None => {
-            if args.lane.is_some() || args.decode {
-                bail!("--lane and --decode go with `locate REF FILE TENSOR`, not a mounted PATH");
+            if args.lane.is_some() || args.decode || args.diffusers {
+                bail!(
+                    "--lane, --decode and --diffusers go with `locate REF FILE TENSOR`, not a \
+                     mounted PATH"
+                );
             }
             let file =
                 File::open(&args.target).with_context(|| format!("opening {}", args.target))?;
@@ -53,14 +59,13 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         Some(tensor) => {
             let store = cli.existing_store()?;
             let (target, commit) = resolve_one(&store, &args.target, args.lane.as_deref())?;
-            let view = match args.decode {
-                false => LaneView::build(&commit.id, &commit.tree, &commit.header)?,
-                true => LaneView::build_decoded(&commit.id, &commit.tree, &commit.header)?,
+            let (face, suffix) = match (args.decode, args.diffusers) {
+                (true, _) => (Face::Decoded, crate::fs::DECODED_SUFFIX),
+                (false, true) => (Face::Diffusers, crate::fs::DIFFUSERS_SUFFIX),
+                (false, false) => (Face::AsImported, ""),
             };
-            let lane = match args.decode {
-                false => target.lane.clone(),
-                true => format!("{}{}", target.lane, crate::fs::DECODED_SUFFIX),
-            };
+            let view = LaneView::build_face(&commit.id, &commit.tree, &commit.header, face)?;
+            let lane = format!("{}{suffix}", target.lane);
             extents::locate(&store, &view, &args.second, tensor)
                 .with_context(|| format!("{} lane {lane}", args.target))?
         }

@@ -101,11 +101,16 @@ impl TensorFs {
                 };
                 comfyui::order_lanes(repo, &mut lanes, label);
                 for (i, (label, commit)) in lanes.iter().enumerate() {
-                    // A single file's lane is also its Diffusers folder (in `diffusers/`).
-                    let single_file = self.try_commit_lane(commit).is_ok_and(|l| l.single_file);
-                    let faces = match single_file {
-                        true => &[Face::AsImported, Face::Diffusers][..],
-                        false => &[Face::AsImported][..],
+                    let lane = LaneRef {
+                        commit: *commit,
+                        face: Face::AsImported,
+                    };
+                    let faces = match self.try_lane(&lane) {
+                        Ok(built) => comfyui::faces(&built.contents.view.header),
+                        Err(source) => {
+                            left_out(commit, source);
+                            continue;
+                        }
                     };
                     for &face in faces {
                         let lane = LaneRef {

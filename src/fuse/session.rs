@@ -640,8 +640,13 @@ impl Drop for MountHandle {
     }
 }
 
+/// How often, and how far apart, an unmount that finds the mount busy tries again.
+const BUSY_TRIES: u32 = 10;
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Unmounts the TensorFS mount at `mountpoint`; `lazy` detaches it now and lets it go when its
-/// files close. Works on stale mounts; refuses any other filesystem.
+/// files close. Works on stale mounts; refuses any other filesystem. A mount still busy after
+/// a second of tries is an error.
 ///
 /// # Errors
 /// Not a TensorFS mount, busy (without `lazy`), or not permitted.
@@ -665,9 +670,17 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
         let c_path = CString::new(path.as_os_str().as_bytes())
             .map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidInput, e), ""))?;
         let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // A moment's reference (another process's stat or getxattr of the mount, a file whose
+        // close is still being released) also reads as busy: tried again for a second first.
+        let mut tries = 0;
         // SAFETY: `c_path` is a NUL-terminated path that outlives the call.
-        if unsafe { libc::umount2(c_path.as_ptr(), flags) } != 0 {
+        while unsafe { libc::umount2(c_path.as_ptr(), flags) } != 0 {
             let source = io::Error::last_os_error();
+            tries += 1;
+            if source.raw_os_error() == Some(libc::EBUSY) && tries < BUSY_TRIES {
+                std::thread::sleep(BUSY_PAUSE);
+                continue;
+            }
             let hint = match source.raw_os_error() {
                 Some(libc::EBUSY) => {
                     "; files in it are open: unmount lazily (--lazy) to detach it now"
@@ -680,17 +693,24 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
     }
     // Only the setuid helper may unmount for other users.
     let flag = if lazy { "-uz" } else { "-u" };
-    let output = Command::new("fusermount3")
-        .arg(flag)
-        .arg(&path)
-        .output()
-        .or_else(|e| match e.kind() {
-            io::ErrorKind::NotFound => Command::new("fusermount").arg(flag).arg(&path).output(),
-            _ => Err(e),
-        })
-        .map_err(|e| fail(e, "; install fusermount3 (apt package fuse3)"))?;
-    if !output.status.success() {
+    for tries in 1.. {
+        let output = Command::new("fusermount3")
+            .arg(flag)
+            .arg(&path)
+            .output()
+            .or_else(|e| match e.kind() {
+                io::ErrorKind::NotFound => Command::new("fusermount").arg(flag).arg(&path).output(),
+                _ => Err(e),
+            })
+            .map_err(|e| fail(e, "; install fusermount3 (apt package fuse3)"))?;
+        if output.status.success() {
+            break;
+        }
         let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+        if stderr.contains("busy") && tries < BUSY_TRIES {
+            std::thread::sleep(BUSY_PAUSE);
+            continue;
+        }
         return Err(fail(io::Error::other(stderr), ""));
     }
     Ok(())

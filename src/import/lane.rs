@@ -28,8 +28,8 @@ pub(crate) struct LaneModel {
     /// What a loader may trip on (shown to the user; the import goes on).
     pub warnings: Vec<String>,
     /// For a single-file checkpoint converted into Diffusers components: the header's
-    /// [`crate::layout::SINGLE_FILE`] record (converter, file).
-    pub single_file: Option<(String, String)>,
+    /// [`crate::layout::SINGLE_FILE`] record.
+    pub single_file: Option<super::single_file::SingleFile>,
 }
 
 /// Where an asset's bytes come from.

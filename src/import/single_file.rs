@@ -94,8 +94,47 @@ pub(crate) struct Converter {
     pub pipeline: Option<String>,
     /// Keys a file must hold to be this converter's.
     require: Vec<String>,
+    /// Other pipeline classes, for files whose derived configs have these values (an
+    /// inpainting UNet's 9 input channels), tried in order.
+    #[serde(default)]
+    variants: Vec<Variant>,
     /// The components, in the pipeline's order.
     pub components: Vec<ComponentRule>,
+}
+
+/// A pipeline class for files whose derived configs have values.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Variant {
+    /// Config values by component name.
+    when: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    /// The pipeline class.
+    pipeline: String,
+}
+
+impl Converter {
+    /// The pipeline class for a file whose components have the `derived` configs: the first
+    /// variant whose values they all have, else the converter's; `None` for a converter of a
+    /// component alone.
+    fn pipeline_for(
+        &self,
+        derived: &BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    ) -> Option<&str> {
+        let default = self.pipeline.as_deref()?;
+        let fits = |v: &Variant| {
+            v.when.iter().all(|(component, values)| {
+                values
+                    .iter()
+                    .all(|(k, want)| derived.get(component).and_then(|c| c.get(k)) == Some(want))
+            })
+        };
+        Some(
+            self.variants
+                .iter()
+                .find(|v| fits(v))
+                .map_or(default, |v| &v.pipeline),
+        )
+    }
 }
 
 /// One component of a converter.
@@ -124,7 +163,8 @@ pub(crate) struct Table {
 }
 
 struct Keymap {
-    vars: Vec<(String, VarKind, Pattern)>,
+    /// Each var: its name, kind, pattern and the pattern's text (for messages).
+    vars: Vec<(String, VarKind, Pattern, String)>,
     rules: Vec<Rule>,
 }
 
@@ -201,7 +241,7 @@ fn parse_table(text: &str) -> Result<Table, String> {
                 "count" => VarKind::Count,
                 other => return Err(format!("keymap {name}: var {var}: no kind {other:?}")),
             };
-            vars.push((var.clone(), kind, parse_pattern(pattern)?));
+            vars.push((var.clone(), kind, parse_pattern(pattern)?, pattern.clone()));
         }
         let rules = k
             .rules
@@ -405,17 +445,24 @@ fn matches(pattern: &Pattern, key: &[&str]) -> Option<Match> {
     let mut captures = Vec::new();
     for (i, p) in pattern.iter().enumerate() {
         match p {
+            // The rest is one or more segments, none of them empty.
             PSeg::Rest => {
-                return (i < key.len()).then(|| (captures, Some(key[i..].join("."))));
+                let rest = &key[i.min(key.len())..];
+                return (!rest.is_empty() && rest.iter().all(|s| !s.is_empty()))
+                    .then(|| (captures, Some(rest.join("."))));
             }
             PSeg::Lit(lit) => {
                 if key.get(i) != Some(&lit.as_str()) {
                     return None;
                 }
             }
+            // An index as Python writes one: digits, no leading zero.
             PSeg::Int(name) => {
                 let s = key.get(i)?;
-                if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                if s.is_empty()
+                    || !s.bytes().all(|b| b.is_ascii_digit())
+                    || (s.len() > 1 && s.starts_with('0'))
+                {
                     return None;
                 }
                 captures.push((name.clone(), s.parse().ok()?));
@@ -488,10 +535,29 @@ impl Table {
         None
     }
 
+    /// The indices the rule that takes `key` captures, each with the key's segments before it.
+    fn indexed(&self, name: &str, key: &str) -> Vec<(String, i64)> {
+        let segments: Vec<&str> = key.split('.').collect();
+        for rule in &self.keymaps[name].rules {
+            if let Some((captures, _)) = matches(&rule.from, &segments) {
+                let places = rule
+                    .from
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| matches!(p, PSeg::Int(_)));
+                return places
+                    .zip(captures)
+                    .map(|((at, _), (_, n))| (segments[..at].join("."), n))
+                    .collect();
+            }
+        }
+        Vec::new()
+    }
+
     /// The keymap's vars, counted over `keys`.
     fn vars(&self, name: &str, keys: &[&str]) -> Result<HashMap<String, i64>, String> {
         let mut out = HashMap::new();
-        for (var, kind, pattern) in &self.keymaps[name].vars {
+        for (var, kind, pattern, text) in &self.keymaps[name].vars {
             let mut values = BTreeSet::new();
             for key in keys {
                 let segments: Vec<&str> = key.split('.').collect();
@@ -504,7 +570,7 @@ impl Table {
             let value = match kind {
                 VarKind::Min => *values
                     .first()
-                    .ok_or_else(|| format!("no key gives {var} (none is like {pattern:?})"))?,
+                    .ok_or_else(|| format!("no key gives {var} (none is like {text})"))?,
                 VarKind::Count => values.len() as i64,
             };
             out.insert(var.clone(), value);
@@ -544,6 +610,24 @@ impl Table {
         }
         out
     }
+}
+
+/// Where a component's numbered modules skip one: `indexed` holds, for each key, each index
+/// a rule captured (`{i}`) with the key's segments before it. PyTorch numbers a `ModuleList`'s
+/// children 0, 1, … with none missing, so a hole between the least and the greatest index of
+/// one list (a block left out, a stray key's index) means the file is not the model it looks
+/// like. (Only captured indices count: `time_embed.0` and `time_embed.2` are one module's
+/// children around a parameterless one.)
+fn gap(indexed: &[(String, i64)]) -> Option<String> {
+    let mut lists: BTreeMap<&str, BTreeSet<i64>> = BTreeMap::new();
+    for (list, n) in indexed {
+        lists.entry(list).or_default().insert(*n);
+    }
+    lists.into_iter().find_map(|(list, indices)| {
+        let (first, last) = (*indices.first()?, *indices.last()?);
+        let missing = (first..last).find(|n| !indices.contains(n))?;
+        Some(format!("{list}.{last} is there but not {list}.{missing}"))
+    })
 }
 
 /// A source array as the converter sees it.
@@ -692,7 +776,14 @@ fn convert<'t>(
                 Some(Mapped::Keys { keys: targets, op }) => {
                     let source = arrays[i];
                     let shape = match (op, source.shape) {
-                        (Op::Linear, [n, m, 1, 1]) => vec![*n, *m],
+                        (Op::Linear, [n, m, 1, 1] | [n, m]) => vec![*n, *m],
+                        (Op::Linear, other) => {
+                            return Err(format!(
+                                "{} has shape {other:?}, which is no linear weight (nor a 1×1 \
+                                 kernel)",
+                                source.key
+                            ))
+                        }
                         (Op::Transpose, [n, m]) => vec![*m, *n],
                         (Op::Transpose, other) => {
                             return Err(format!(
@@ -733,6 +824,13 @@ fn convert<'t>(
                 }
             }
         }
+        let indexed: Vec<(String, i64)> = mine
+            .iter()
+            .flat_map(|&i| table.indexed(&rule.keymap, &arrays[i].key[rule.prefix.len()..]))
+            .collect();
+        if let Some(why) = gap(&indexed) {
+            return Err(format!("{}: {}{why}", rule.name, rule.prefix));
+        }
         if !unmapped.is_empty() {
             let shown: Vec<&str> = unmapped.iter().take(3).copied().collect();
             return Err(format!(
@@ -763,20 +861,17 @@ mod tests;
 /// pipeline's tokenizer and scheduler from the family, `model_index.json`; the file's own
 /// component keeps the arrays Diffusers does not load, and the recipe re-creates the file
 /// from all of them. A file no converter takes (or a quantized one, not converted yet) is
-/// left as it is; one a converter takes but cannot convert gets a warning.
+/// left as it is; one a converter takes but cannot convert is too, with a warning.
 ///
 /// # Errors
-/// Two converters match and `--converter` names none; the named one cannot convert the file;
-/// a config cannot be derived.
+/// Two converters match and `--converter` names none; the named one cannot convert the file.
 pub(crate) fn apply(
     model: &mut super::lane::LaneModel,
     converter: Option<&str>,
 ) -> Result<(), super::ImportError> {
     use super::convention::Item;
-    use super::lane::{Asset, ComponentModel};
     use super::ImportError;
-    use crate::format::Pipeline;
-    use crate::layout::recipe::{ArraySource, SourceFile};
+    use crate::layout::recipe::SourceFile;
 
     let named = converter.and_then(named);
     let [c] = model.components.as_slice() else {
@@ -804,58 +899,123 @@ pub(crate) fn apply(
             shape: &t.shape,
         })
         .collect();
+    let unconverted = |model: &mut super::lane::LaneModel, why: String| {
+        let warning = format!("{lane_path}: not converted to Diffusers components: {why}");
+        model.warnings.push(warning);
+    };
     let conversion = match recognise(table(), &arrays, named).map_err(fail)? {
         Outcome::Unknown => return Ok(()),
         Outcome::Unconverted(why) => {
-            let warning = format!("{lane_path}: not converted to Diffusers components: {why}");
-            model.warnings.push(warning);
+            unconverted(model, why);
             return Ok(());
         }
         Outcome::Converted(c) => c,
     };
-    let family = &table().families[&conversion.converter.family];
-    let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
     let metadata = model
         .file_metadata
         .get(&c.name)
         .map_or(&[][..], Vec::as_slice);
+    let built = match build(&conversion, c, &path, metadata) {
+        Ok(built) => built,
+        Err(why) => {
+            let why = format!("{}: {why}", conversion.converter.name);
+            if named.is_some() {
+                return Err(fail(format!("--converter {why}")));
+            }
+            unconverted(model, why);
+            return Ok(());
+        }
+    };
+    // The file's own component keeps what no Diffusers component takes, in data order, under
+    // a name no converted component has (a VAE downloaded as `vae.safetensors`).
+    let mut own = model.components.pop().expect("one component");
+    let kept: Vec<super::scan::SourceTensor> = conversion
+        .kept
+        .iter()
+        .map(|&i| own.tensors[i].clone())
+        .collect();
+    own.items = (0..kept.len()).map(Item::Plain).collect();
+    own.tensors = kept;
+    let taken = |name: &str| built.components.iter().any(|m| m.name == name);
+    let mut name = own.name.clone();
+    for n in 1.. {
+        if !taken(&name) {
+            break;
+        }
+        name = match n {
+            1 => format!("{}_file", own.name),
+            n => format!("{}_file{n}", own.name),
+        };
+    }
+    if let Some(meta) = model.file_metadata.remove(&own.name) {
+        model.file_metadata.insert(name.clone(), meta);
+    }
+    own.name = name;
+    if let Some(SourceFile::Safetensors {
+        component, arrays, ..
+    }) = model.recipe.0.get_mut(&lane_path)
+    {
+        *component = own.name.clone();
+        *arrays = built.arrays;
+    }
+    model.pipeline = built.pipeline;
+    model.single_file = Some(SingleFile {
+        converter: conversion.converter.name.clone(),
+        file: lane_path,
+        component: own.name.clone(),
+    });
+    model.components = built.components;
+    model.components.push(own);
+    Ok(())
+}
+
+/// A converted lane's [`crate::layout::SINGLE_FILE`] record.
+#[derive(Debug)]
+pub(crate) struct SingleFile {
+    /// The converter's name.
+    pub converter: String,
+    /// The file's path in the lane.
+    pub file: String,
+    /// The file's own component (the arrays no Diffusers component takes).
+    pub component: String,
+}
+
+/// What a conversion makes of a file: the Diffusers components (converted, and the
+/// pipeline's tokenizers and scheduler), by name; what each array of the file is; the
+/// pipeline.
+struct Built {
+    components: Vec<super::lane::ComponentModel>,
+    arrays: BTreeMap<String, crate::layout::recipe::ArraySource>,
+    pipeline: Option<crate::format::Pipeline>,
+}
+
+/// Builds `conversion` of component `c` (the file at `path`, whose `__metadata__` is
+/// `metadata`).
+///
+/// # Errors
+/// A config cannot be derived, or a transposed array cannot be read.
+fn build(
+    conversion: &Conversion<'_>,
+    c: &super::lane::ComponentModel,
+    path: &std::path::Path,
+    metadata: &[(String, String)],
+) -> Result<Built, String> {
+    use super::lane::{Asset, ComponentModel};
+    use crate::format::Pipeline;
+
+    let converter = conversion.converter;
+    let family = &table().families[&converter.family];
+    let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
     let marked = table().marked(&keys, metadata);
     let no_values = serde_json::Map::new();
     let marked_for = |name: &str| marked.get(name).unwrap_or(&no_values);
     let dtype = main_dtype(&c.tensors);
     let mut components = Vec::new();
-    let mut arrays_of_file = BTreeMap::new();
+    let mut arrays = BTreeMap::new();
     let mut listed = Vec::new();
+    let mut derived = BTreeMap::new();
     for converted in &conversion.components {
         let rule = converted.rule;
-        // Each tensor, with its bytes when the import computes them (a transpose).
-        let mut made: Vec<(super::scan::SourceTensor, Option<Arc<[u8]>>)> = Vec::new();
-        for r in &converted.tensors {
-            let from = &c.tensors[r.source];
-            let (offset, length) = match r.part {
-                Some((k, n)) => (from.offset + k * from.length / n, from.length / n),
-                None => (from.offset, from.length),
-            };
-            let bytes = match r.transposed {
-                true => Some(transposed(&path, from).map_err(fail)?.into()),
-                false => None,
-            };
-            let tensor = super::scan::SourceTensor {
-                key: r.key.clone(),
-                shape: r.shape.clone(),
-                offset,
-                length,
-                ..from.clone()
-            };
-            made.push((tensor, bytes));
-        }
-        // As the safetensors library writes a file: dtype descending, then name.
-        made.sort_by(|(a, _), (b, _)| {
-            b.dtype
-                .rank()
-                .cmp(&a.dtype.rank())
-                .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
-        });
         let config = configs::config(
             &rule.class,
             family,
@@ -864,93 +1024,126 @@ pub(crate) fn apply(
             &converted.tensors,
             &dtype,
         )
-        .map_err(|why| {
-            fail(format!(
-                "{}: {}'s config: {why}",
-                conversion.converter.name, rule.name
-            ))
-        })?;
-        // What each array of the file is: one tensor, or the rows of several.
-        let mut parts: BTreeMap<usize, Vec<(u64, String)>> = BTreeMap::new();
-        for r in &converted.tensors {
-            match r.part {
-                Some((k, _)) => parts.entry(r.source).or_default().push((k, r.key.clone())),
-                None => {
-                    let source = ArraySource::Tensor {
-                        component: rule.name.clone(),
-                        tensor: r.key.clone(),
-                        transposed: r.transposed,
-                    };
-                    arrays_of_file.insert(c.tensors[r.source].key.clone(), source);
-                }
-            }
-        }
-        for (i, mut rows) in parts {
-            rows.sort();
-            let source = ArraySource::Rows {
-                component: rule.name.clone(),
-                tensors: rows.into_iter().map(|(_, key)| key).collect(),
-            };
-            arrays_of_file.insert(c.tensors[i].key.clone(), source);
-        }
-        let items = made
-            .iter()
-            .enumerate()
-            .map(|(i, (_, bytes))| match bytes {
-                Some(b) => Item::Transposed(i, b.clone()),
-                None => Item::Plain(i),
-            })
-            .collect();
-        let tensors = made.into_iter().map(|(t, _)| t).collect();
-        let class = class_ref(&rule.class);
-        listed.push((rule.name.clone(), rule.class.clone()));
-        let mut m = ComponentModel::empty(&rule.name, class);
-        m.config = to_config(config);
-        m.items = items;
-        m.tensors = tensors;
+        .map_err(|why| format!("{}'s config: {why}", rule.name))?;
+        let mut m = ComponentModel::empty(&rule.name, class_ref(&rule.class));
+        (m.tensors, m.items) = tensors(converted, c, path)?;
         m.weights = c.weights.clone();
         m.stamps = c.stamps.clone();
+        arrays.extend(array_sources(converted, c));
+        derived.insert(rule.name.clone(), config.clone());
+        m.config = to_config(config);
+        listed.push((rule.name.clone(), rule.class.clone()));
         components.push(m);
     }
-    if conversion.converter.pipeline.is_some() {
-        for mut extra in configs::extras(family).map_err(fail)? {
-            extra.config.extend(marked_for(&extra.name).clone());
-            listed.push((extra.name.clone(), extra.class.clone()));
-            let mut m = ComponentModel::empty(&extra.name, class_ref(&extra.class));
-            m.config = to_config(extra.config);
-            m.config_file = Some(extra.config_file);
-            m.assets = extra
-                .assets
-                .into_iter()
-                .map(|(name, bytes)| (name, Asset::Bytes(bytes)))
-                .collect();
-            components.push(m);
+    let pipeline = match converter.pipeline_for(&derived) {
+        None => None,
+        Some(class) => {
+            for mut extra in configs::extras(family)? {
+                extra.config.extend(marked_for(&extra.name).clone());
+                listed.push((extra.name.clone(), extra.class.clone()));
+                let mut m = ComponentModel::empty(&extra.name, class_ref(&extra.class));
+                m.config = to_config(extra.config);
+                m.config_file = Some(extra.config_file);
+                m.assets = extra
+                    .assets
+                    .into_iter()
+                    .map(|(name, bytes)| (name, Asset::Bytes(bytes)))
+                    .collect();
+                components.push(m);
+            }
+            listed.sort();
+            Some(Pipeline {
+                class: class_ref(&("diffusers".to_owned(), class.to_owned())),
+                config: to_config(configs::pipeline(class, family, &listed)),
+            })
+        }
+    };
+    components.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Built {
+        components,
+        arrays,
+        pipeline,
+    })
+}
+
+/// A converted component's tensors, as the safetensors library writes a file (dtype
+/// descending, then name), each a byte range of the file (a row part of a split array) or
+/// bytes the import computes (a transpose).
+fn tensors(
+    converted: &Converted<'_>,
+    c: &super::lane::ComponentModel,
+    path: &std::path::Path,
+) -> Result<(Vec<super::scan::SourceTensor>, Vec<super::convention::Item>), String> {
+    use super::convention::Item;
+    let mut made: Vec<(super::scan::SourceTensor, Option<Arc<[u8]>>)> = Vec::new();
+    for r in &converted.tensors {
+        let from = &c.tensors[r.source];
+        let (offset, length) = match r.part {
+            Some((k, n)) => (from.offset + k * from.length / n, from.length / n),
+            None => (from.offset, from.length),
+        };
+        let bytes = match r.transposed {
+            true => Some(transposed(path, from)?.into()),
+            false => None,
+        };
+        let tensor = super::scan::SourceTensor {
+            key: r.key.clone(),
+            shape: r.shape.clone(),
+            offset,
+            length,
+            ..from.clone()
+        };
+        made.push((tensor, bytes));
+    }
+    made.sort_by(|(a, _), (b, _)| {
+        b.dtype
+            .rank()
+            .cmp(&a.dtype.rank())
+            .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
+    });
+    let items = made
+        .iter()
+        .enumerate()
+        .map(|(i, (_, bytes))| match bytes {
+            Some(b) => Item::Transposed(i, b.clone()),
+            None => Item::Plain(i),
+        })
+        .collect();
+    Ok((made.into_iter().map(|(t, _)| t).collect(), items))
+}
+
+/// What each array of the file that `converted` takes is: one of its tensors (perhaps
+/// transposed), or the rows of several.
+fn array_sources(
+    converted: &Converted<'_>,
+    c: &super::lane::ComponentModel,
+) -> BTreeMap<String, crate::layout::recipe::ArraySource> {
+    use crate::layout::recipe::ArraySource;
+    let component = &converted.rule.name;
+    let mut out = BTreeMap::new();
+    let mut parts: BTreeMap<usize, Vec<(u64, String)>> = BTreeMap::new();
+    for r in &converted.tensors {
+        match r.part {
+            Some((k, _)) => parts.entry(r.source).or_default().push((k, r.key.clone())),
+            None => {
+                let source = ArraySource::Tensor {
+                    component: component.clone(),
+                    tensor: r.key.clone(),
+                    transposed: r.transposed,
+                };
+                out.insert(c.tensors[r.source].key.clone(), source);
+            }
         }
     }
-    components.sort_by(|a, b| a.name.cmp(&b.name));
-    // The file's own component keeps what no Diffusers component takes, in data order.
-    let kept: Vec<super::scan::SourceTensor> = conversion
-        .kept
-        .iter()
-        .map(|&i| c.tensors[i].clone())
-        .collect();
-    let mut own = model.components.pop().expect("one component");
-    own.items = (0..kept.len()).map(Item::Plain).collect();
-    own.tensors = kept;
-    if let Some(SourceFile::Safetensors { arrays, .. }) = model.recipe.0.get_mut(&lane_path) {
-        *arrays = arrays_of_file;
+    for (i, mut rows) in parts {
+        rows.sort();
+        let source = ArraySource::Rows {
+            component: component.clone(),
+            tensors: rows.into_iter().map(|(_, key)| key).collect(),
+        };
+        out.insert(c.tensors[i].key.clone(), source);
     }
-    if let Some(class) = &conversion.converter.pipeline {
-        listed.sort();
-        model.pipeline = Some(Pipeline {
-            class: class_ref(&("diffusers".to_owned(), class.clone())),
-            config: to_config(configs::pipeline(class, family, &listed)),
-        });
-    }
-    model.single_file = Some((conversion.converter.name.clone(), lane_path));
-    components.push(own);
-    model.components = components;
-    Ok(())
+    out
 }
 
 /// Array `t` of the file at `path`, a 2-D tensor, transposed.

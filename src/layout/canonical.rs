@@ -107,14 +107,18 @@ pub(super) fn lay_out(
         if c.tensors.is_empty() {
             continue;
         }
-        let weights = if header.pipeline.is_none() && folder.is_empty() && c.name != ROOT_COMPONENT
-        {
-            c.name.clone()
-        } else if c.class.library == "diffusers" || c.config.contains_key("_diffusers_version") {
-            "diffusion_pytorch_model".to_owned()
-        } else {
-            "model".to_owned()
-        };
+        // A bare component at the root (loose files) keeps its own name; one with a config is
+        // a model folder's weights.
+        let bare = c.config.is_empty() && c.config_file.is_none() && c.assets.is_empty();
+        let weights =
+            if header.pipeline.is_none() && folder.is_empty() && c.name != ROOT_COMPONENT && bare {
+                c.name.clone()
+            } else if c.class.library == "diffusers" || c.config.contains_key("_diffusers_version")
+            {
+                "diffusion_pytorch_model".to_owned()
+            } else {
+                "model".to_owned()
+            };
         let path = format!("{folder}{weights}.safetensors");
         let plan = weights_plan(header, index, chunks, decoding)
             .map_err(|why| files.invalid(&path, why))?;

@@ -144,6 +144,16 @@ pub struct LeftOut {
     pub why: String,
 }
 
+/// The faces of a commit that the ComfyUI view shows: the lane, and a single file's Diffusers
+/// folder (in `diffusers/`) beside the file itself (in `checkpoints/`).
+pub fn faces(header: &crate::format::Header) -> &'static [super::Face] {
+    use super::Face;
+    match LaneView::is_single_file(header) {
+        true => &[Face::AsImported, Face::Diffusers],
+        false => &[Face::AsImported],
+    }
+}
+
 /// The names of a weights file's arrays as a loader sees them: its component's keys, or for a
 /// single-file checkpoint (whose arrays are several components' tensors) its header's names.
 fn array_names(view: &LaneView, file: &super::LaneFile) -> Vec<String> {

@@ -40,16 +40,19 @@ impl<'a> Shapes<'a> {
         self.by_key.contains_key(key)
     }
 
-    /// Extent `dim` of tensor `key`.
-    fn dim(&self, key: &str, dim: usize) -> Result<u64, String> {
+    /// Extent `dim` of tensor `key`, which must have `rank` dimensions, none of them 0 (a
+    /// convolution's kernel 4, a linear or embedding weight 2).
+    fn dim(&self, key: &str, rank: usize, dim: usize) -> Result<u64, String> {
         let shape = self
             .by_key
             .get(key)
             .ok_or_else(|| format!("it has no tensor {key}"))?;
-        shape
-            .get(dim)
-            .copied()
-            .ok_or_else(|| format!("tensor {key} has shape {shape:?}, no dimension {dim}"))
+        if shape.len() != rank || shape.contains(&0) {
+            return Err(format!(
+                "tensor {key} has shape {shape:?}, not {rank} nonzero dimensions"
+            ));
+        }
+        Ok(shape[dim])
     }
 
     /// How many consecutive indices from 0 follow `prefix` (`down_blocks.` → the levels).
@@ -144,17 +147,42 @@ fn unet(
     let mut down = Vec::new();
     let mut layers = Vec::new();
     for b in 0..levels {
-        channels.push(s.dim(&format!("down_blocks.{b}.resnets.0.conv1.weight"), 0)?);
+        channels.push(s.dim(&format!("down_blocks.{b}.resnets.0.conv1.weight"), 4, 0)?);
         let attends = s.has(&format!("down_blocks.{b}.attentions.0.proj_in.weight"));
         down.push(match attends {
             true => "CrossAttnDownBlock2D",
             false => "DownBlock2D",
         });
         layers.push(match attends {
-            true => s.count(&format!("down_blocks.{b}.attentions.0.transformer_blocks.")),
-            false => 1,
+            true => Some(s.count(&format!("down_blocks.{b}.attentions.0.transformer_blocks."))),
+            false => None,
         });
     }
+    // Diffusers gives the mid block the last level's depth: a last level without attention
+    // takes the mid block's (other levels without it take 1, as Diffusers' configs write),
+    // and a last level with attention must agree with it.
+    let mid_depth = match s.has("mid_block.attentions.0.proj_in.weight") {
+        true => Some(s.count("mid_block.attentions.0.transformer_blocks.")),
+        false => None,
+    };
+    if let (Some(Some(last)), Some(mid)) = (layers.last(), mid_depth) {
+        if *last != mid {
+            return Err(format!(
+                "the mid block's attention is {mid} blocks deep, the last level's {last}: \
+                 Diffusers builds both from one number"
+            ));
+        }
+    }
+    let last = layers.len() - 1;
+    let layers: Vec<u64> = layers
+        .into_iter()
+        .enumerate()
+        .map(|(b, depth)| match (depth, b == last) {
+            (Some(d), _) => d,
+            (None, true) => mid_depth.unwrap_or(1),
+            (None, false) => 1,
+        })
+        .collect();
     let up: Vec<&str> = (0..s.count("up_blocks."))
         .map(
             |b| match s.has(&format!("up_blocks.{b}.attentions.0.proj_in.weight")) {
@@ -173,7 +201,7 @@ fn unet(
     };
     let context = s
         .first_ending("attn2.to_k.weight")
-        .map(|k| s.dim(k, 1))
+        .map(|k| s.dim(k, 2, 1))
         .transpose()?;
     let linear = s
         .first_ending("proj_in.weight")
@@ -194,9 +222,14 @@ fn unet(
         (None, None) => return Err("the family gives neither heads nor head_width".into()),
     };
     let layers_per_block = s.count("down_blocks.0.resnets.");
+    levels_hold(s, "down_blocks", levels, layers_per_block)?;
+    levels_hold(s, "up_blocks", up.len() as u64, layers_per_block + 1)?;
     let mut config = Map::new();
-    config.insert("in_channels".into(), json!(s.dim("conv_in.weight", 1)?));
-    config.insert("out_channels".into(), json!(s.dim("conv_out.weight", 0)?));
+    config.insert("in_channels".into(), json!(s.dim("conv_in.weight", 4, 1)?));
+    config.insert(
+        "out_channels".into(),
+        json!(s.dim("conv_out.weight", 4, 0)?),
+    );
     config.insert("block_out_channels".into(), json!(channels));
     config.insert("layers_per_block".into(), json!(layers_per_block));
     config.insert("down_block_types".into(), json!(down));
@@ -216,10 +249,24 @@ fn unet(
         config.insert("addition_embed_type".into(), json!("text_time"));
         config.insert(
             "projection_class_embeddings_input_dim".into(),
-            json!(s.dim("add_embedding.linear_1.weight", 1)?),
+            json!(s.dim("add_embedding.linear_1.weight", 2, 1)?),
         );
     }
     Ok(config)
+}
+
+/// Checks that each of `list`'s `levels` holds `resnets` resnets (Diffusers gives every level
+/// the same number, the UNet's up levels one more).
+fn levels_hold(s: &Shapes<'_>, list: &str, levels: u64, resnets: u64) -> Result<(), String> {
+    for b in 0..levels {
+        let n = s.count(&format!("{list}.{b}.resnets."));
+        if n != resnets {
+            return Err(format!(
+                "{list}.{b} has {n} resnets where Diffusers builds {resnets}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn vae(s: &Shapes<'_>) -> Result<Map<String, Value>, String> {
@@ -231,6 +278,7 @@ fn vae(s: &Shapes<'_>) -> Result<Map<String, Value>, String> {
         .map(|b| {
             s.dim(
                 &format!("encoder.down_blocks.{b}.resnets.0.conv1.weight"),
+                4,
                 0,
             )
         })
@@ -238,21 +286,22 @@ fn vae(s: &Shapes<'_>) -> Result<Map<String, Value>, String> {
     let mut config = Map::new();
     config.insert(
         "in_channels".into(),
-        json!(s.dim("encoder.conv_in.weight", 1)?),
+        json!(s.dim("encoder.conv_in.weight", 4, 1)?),
     );
     config.insert(
         "out_channels".into(),
-        json!(s.dim("decoder.conv_out.weight", 0)?),
+        json!(s.dim("decoder.conv_out.weight", 4, 0)?),
     );
     config.insert(
         "latent_channels".into(),
-        json!(s.dim("decoder.conv_in.weight", 1)?),
+        json!(s.dim("decoder.conv_in.weight", 4, 1)?),
     );
     config.insert("block_out_channels".into(), json!(channels));
-    config.insert(
-        "layers_per_block".into(),
-        json!(s.count("encoder.down_blocks.0.resnets.")),
-    );
+    let layers_per_block = s.count("encoder.down_blocks.0.resnets.");
+    levels_hold(s, "encoder.down_blocks", levels, layers_per_block)?;
+    let up_levels = s.count("decoder.up_blocks.");
+    levels_hold(s, "decoder.up_blocks", up_levels, layers_per_block + 1)?;
+    config.insert("layers_per_block".into(), json!(layers_per_block));
     config.insert(
         "down_block_types".into(),
         json!(vec!["DownEncoderBlock2D"; levels as usize]),
@@ -282,18 +331,18 @@ fn clip_text(
     dtype: &str,
 ) -> Result<Map<String, Value>, String> {
     let embedding = "text_model.embeddings.token_embedding.weight";
-    let hidden = s.dim(embedding, 1)?;
+    let hidden = s.dim(embedding, 2, 1)?;
     let width = head_width.ok_or("the family gives no head_width")?;
     if hidden % width != 0 {
         return Err(format!("{hidden} channels are not heads {width} wide"));
     }
     let mut config = Map::new();
     config.insert("model_type".into(), json!("clip_text_model"));
-    config.insert("vocab_size".into(), json!(s.dim(embedding, 0)?));
+    config.insert("vocab_size".into(), json!(s.dim(embedding, 2, 0)?));
     config.insert("hidden_size".into(), json!(hidden));
     config.insert(
         "intermediate_size".into(),
-        json!(s.dim("text_model.encoder.layers.0.mlp.fc1.weight", 0)?),
+        json!(s.dim("text_model.encoder.layers.0.mlp.fc1.weight", 2, 0)?),
     );
     config.insert(
         "num_hidden_layers".into(),
@@ -302,12 +351,12 @@ fn clip_text(
     config.insert("num_attention_heads".into(), json!(hidden / width));
     config.insert(
         "max_position_embeddings".into(),
-        json!(s.dim("text_model.embeddings.position_embedding.weight", 0)?),
+        json!(s.dim("text_model.embeddings.position_embedding.weight", 2, 0)?),
     );
     if s.has("text_projection.weight") {
         config.insert(
             "projection_dim".into(),
-            json!(s.dim("text_projection.weight", 0)?),
+            json!(s.dim("text_projection.weight", 2, 0)?),
         );
     }
     if let Some(torch) = torch_dtype(dtype) {
