@@ -143,17 +143,27 @@ fn transpose_tensor(
             "is not of whole bytes, or its length is not its shape's",
         ));
     }
-    let mut stored = vec![0u8; location.length as usize];
+    let stored = read_location(source, header, location)?;
+    Ok(decode::elem::transpose(&stored, rows, cols, width))
+}
+
+/// The bytes at `location` of `header`'s chunks.
+fn read_location(
+    source: &dyn ObjectSource,
+    header: &Header,
+    location: crate::format::Location,
+) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; location.length as usize];
     let mut at = 0;
     for (chunk, offset, length) in header.pieces(location) {
         source.read_object(
             &header.chunks[chunk],
             offset,
-            &mut stored[at..at + length as usize],
+            &mut buf[at..at + length as usize],
         )?;
         at += length as usize;
     }
-    Ok(decode::elem::transpose(&stored, rows, cols, width))
+    Ok(buf)
 }
 
 /// Reads the parts of tensor `tensor` of component `component` and decodes it whole.
@@ -180,17 +190,7 @@ pub fn decode_tensor(
     };
     let mut bytes = Vec::with_capacity(parts.len());
     for part in parts {
-        let mut buf = vec![0u8; part.location.length as usize];
-        let mut at = 0;
-        for (chunk, offset, length) in header.pieces(part.location) {
-            source.read_object(
-                &header.chunks[chunk],
-                offset,
-                &mut buf[at..at + length as usize],
-            )?;
-            at += length as usize;
-        }
-        bytes.push(buf);
+        bytes.push(read_location(source, header, part.location)?);
     }
     let e = &header.encodings[*encoding];
     let encoded = Encoded {
