@@ -71,6 +71,12 @@ pub fn fits(scheme: &str, dtype: &Dtype, shape: &[u64]) -> Result<(), EncodeErro
         )));
     }
     let cols = *shape.last().expect("rank two");
+    // NVFP4's tensor is one matrix (spec §6; its decoder refuses a stack or a kernel).
+    if scheme == "nvfp4" && shape.len() != 2 {
+        return Err(EncodeError::Unfit(format!(
+            "nvfp4 holds a matrix, not shape {shape:?}"
+        )));
+    }
     if scheme == "nvfp4" && !cols.is_multiple_of(16) {
         return Err(EncodeError::Unfit(format!(
             "nvfp4 needs columns in blocks of 16, not {cols}"
@@ -104,7 +110,7 @@ pub fn quantize(
     let cols = *shape.last().expect("rank two") as usize;
     let rows = x.len() / cols;
     Ok(match scheme {
-        "int8.rowwise" | "fp8.rowwise" => rowwise(scheme, &x, rows, cols),
+        "int8.rowwise" | "fp8.rowwise" => rowwise(scheme, &x, shape, rows, cols),
         "mxfp8" => mxfp8(&x, shape, rows, cols),
         _ => nvfp4(&x, shape, rows, cols),
     })
@@ -122,7 +128,9 @@ fn scale_for(amax: f32, limit: f32) -> f32 {
     }
 }
 
-fn rowwise(scheme: &str, x: &[f32], rows: usize, cols: usize) -> Quantized {
+/// A row is the last dimension: a `[64, 64, 3, 3]` kernel has 12 288 rows of 3. The weight part
+/// keeps the tensor's shape (spec §6: the decoder reads it so), the scales are one per row.
+fn rowwise(scheme: &str, x: &[f32], shape: &[u64], rows: usize, cols: usize) -> Quantized {
     let int8 = scheme == "int8.rowwise";
     let mut weight = Vec::with_capacity(x.len());
     let mut scales = Vec::with_capacity(rows * 4);
@@ -136,14 +144,13 @@ fn rowwise(scheme: &str, x: &[f32], rows: usize, cols: usize) -> Quantized {
         }
         scales.extend_from_slice(&s.to_le_bytes());
     }
-    let shape = |n: usize| vec![rows as u64, n as u64];
     Quantized {
         params: Config::new(),
         parts: vec![
             OwnedPart {
                 role: "weight",
                 dtype: if int8 { Dtype::I8 } else { Dtype::F8_E4M3 },
-                shape: shape(cols),
+                shape: shape.to_vec(),
                 bytes: weight,
             },
             OwnedPart {
@@ -363,17 +370,31 @@ mod tests {
             ("nvfp4", 0.2),
         ] {
             let (x, y) = roundtrip(scheme, &[6, 64]);
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let worst = x
-                .iter()
-                .zip(&y)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(
-                worst <= bound * amax,
-                "{scheme}: worst error {worst} of amax {amax}"
-            );
+            assert_close(scheme, &x, &y, bound);
         }
+        // A convolution's kernel: its rows are the last dimension.
+        for (scheme, bound) in [
+            ("int8.rowwise", 0.01),
+            ("fp8.rowwise", 0.07),
+            ("mxfp8", 0.07),
+        ] {
+            let (x, y) = roundtrip(scheme, &[8, 4, 3, 32]);
+            assert_close(scheme, &x, &y, bound);
+        }
+        assert!(fits("nvfp4", &Dtype::F32, &[8, 4, 3, 32]).is_err());
+    }
+
+    fn assert_close(scheme: &str, x: &[f32], y: &[f32], bound: f32) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = x
+            .iter()
+            .zip(y)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= bound * amax,
+            "{scheme}: worst error {worst} of amax {amax}"
+        );
     }
 
     #[test]
