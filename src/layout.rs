@@ -27,7 +27,8 @@ use std::io;
 use std::sync::Arc;
 
 pub(crate) use canonical::part_name;
-pub use plan::{Compute, SafetensorsPlan, Segment};
+pub use decoded::Compute;
+pub use plan::{SafetensorsPlan, Segment};
 
 use crate::format::{Header, ObjectRef, Tree};
 use crate::io::ObjectSource;

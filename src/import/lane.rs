@@ -29,7 +29,7 @@ pub(crate) struct LaneModel {
     pub warnings: Vec<String>,
     /// For a single-file checkpoint converted into Diffusers components: the header's
     /// [`crate::layout::SINGLE_FILE`] record.
-    pub single_file: Option<super::single_file::SingleFile>,
+    pub single_file: Option<SingleFile>,
 }
 
 /// Where an asset's bytes come from.
@@ -75,4 +75,15 @@ impl ComponentModel {
             items: Vec::new(),
         }
     }
+}
+
+/// A converted lane's [`crate::layout::SINGLE_FILE`] record.
+#[derive(Debug)]
+pub(crate) struct SingleFile {
+    /// The converter's name.
+    pub converter: String,
+    /// The file's path in the lane.
+    pub file: String,
+    /// The file's own component (the arrays no Diffusers component takes).
+    pub component: String,
 }

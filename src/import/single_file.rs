@@ -959,7 +959,7 @@ pub(crate) fn apply(
         *arrays = built.arrays;
     }
     model.pipeline = built.pipeline;
-    model.single_file = Some(SingleFile {
+    model.single_file = Some(super::lane::SingleFile {
         converter: conversion.converter.name.clone(),
         file: lane_path,
         component: own.name.clone(),
@@ -967,17 +967,6 @@ pub(crate) fn apply(
     model.components = built.components;
     model.components.push(own);
     Ok(())
-}
-
-/// A converted lane's [`crate::layout::SINGLE_FILE`] record.
-#[derive(Debug)]
-pub(crate) struct SingleFile {
-    /// The converter's name.
-    pub converter: String,
-    /// The file's path in the lane.
-    pub file: String,
-    /// The file's own component (the arrays no Diffusers component takes).
-    pub component: String,
 }
 
 /// What a conversion makes of a file: the Diffusers components (converted, and the

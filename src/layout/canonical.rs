@@ -19,7 +19,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use super::plan::{Compute, PlanBuilder};
+use super::decoded::Compute;
+use super::plan::PlanBuilder;
 use super::{Content, Files, LayoutError, Owner, FILE_METADATA, PIPELINE_FILE, ROOT_COMPONENT};
 use crate::format::json::{self, Json};
 use crate::format::safetensors::{canonical_header, Entry};

@@ -13,11 +13,20 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use lru::LruCache;
 
-use super::plan::Compute;
 use crate::decode::{self, Encoded, Part};
 use crate::format::{Body, Header, ObjectRef, Sha256};
 use crate::io::ObjectSource;
 use crate::sync::lock;
+
+/// How a computed segment's tensor is made from stored bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Compute {
+    /// An encoded tensor's logical bytes, decoded (a decoded view).
+    Decode,
+    /// A plain 2-D tensor transposed (a single file's array that the import stored the other
+    /// way, OpenCLIP's `text_projection`).
+    Transpose,
+}
 
 /// A computed tensor: (header, component, tensor, how).
 type Key = (Sha256, usize, usize, Compute);

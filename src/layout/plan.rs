@@ -5,6 +5,7 @@
 use std::io;
 use std::sync::{Arc, OnceLock};
 
+use super::decoded::Compute;
 use crate::format::{Hasher, Header, Location, ObjectRef, Sha256};
 use crate::io::ObjectSource;
 
@@ -37,16 +38,6 @@ pub enum Source {
         /// Offset within the computed tensor.
         offset: u64,
     },
-}
-
-/// How a computed segment's tensor is made from stored bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Compute {
-    /// An encoded tensor's logical bytes, decoded (a decoded view).
-    Decode,
-    /// A plain 2-D tensor transposed (a single file's array that the import stored the other
-    /// way, OpenCLIP's `text_projection`).
-    Transpose,
 }
 
 /// A contiguous range of bytes placed at `file_offset` in the file.

@@ -31,7 +31,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::plan::{Compute, PlanBuilder};
+use super::decoded::Compute;
+use super::plan::PlanBuilder;
 use super::{Content, Files, LayoutError, Owner};
 use crate::format::gguf::Gguf;
 use crate::format::json::{self, Json};
