@@ -249,10 +249,7 @@ impl LaneView {
         let own = Self::single_file_component(header);
         let shown = |index: usize| match face {
             // Every component but the file's own (what Diffusers does not load).
-            Face::Diffusers => match own {
-                Some(own) => header.components[index].name != own,
-                None => canonical::listed(header, index),
-            },
+            Face::Diffusers => Some(header.components[index].name.as_str()) != own,
             Face::Decoded => true,
             // The file holds the tensors; the Diffusers components' files are the other face.
             Face::AsImported => !single_file,

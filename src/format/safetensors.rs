@@ -325,6 +325,14 @@ pub struct Entry<'a> {
     pub length: u64,
 }
 
+/// The order in which the safetensors library writes tensors (its `prepare`): dtype by its
+/// enum, descending, then name in byte order. A Diffusers folder's files are in this order.
+pub fn library_order(a: (&Dtype, &str), b: (&Dtype, &str)) -> std::cmp::Ordering {
+    b.0.rank()
+        .cmp(&a.0.rank())
+        .then_with(|| a.1.as_bytes().cmp(b.1.as_bytes()))
+}
+
 /// The bytes before the data buffer of the file the safetensors library writes for `entries`
 /// and `metadata`: the 8-byte length, then JSON with `__metadata__` first (when given) and the
 /// tensors sorted by dtype (descending, the library's order) then name, padded with spaces to a
@@ -340,13 +348,9 @@ pub fn canonical_header(
     metadata: Option<&[(String, String)]>,
 ) -> (Vec<u8>, Vec<usize>) {
     let mut order: Vec<usize> = (0..entries.len()).collect();
-    // The library sorts by its dtype enum descending, then by name (byte order).
     order.sort_by(|&a, &b| {
         let (a, b) = (&entries[a], &entries[b]);
-        b.dtype
-            .rank()
-            .cmp(&a.dtype.rank())
-            .then_with(|| a.name.as_bytes().cmp(b.name.as_bytes()))
+        library_order((a.dtype, a.name), (b.dtype, b.name))
     });
     let mut text = String::with_capacity(64 + entries.len() * 96);
     text.push('{');

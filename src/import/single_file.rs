@@ -1085,10 +1085,7 @@ fn tensors(
         made.push((tensor, bytes));
     }
     made.sort_by(|(a, _), (b, _)| {
-        b.dtype
-            .rank()
-            .cmp(&a.dtype.rank())
-            .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
+        crate::format::safetensors::library_order((&a.dtype, &a.key), (&b.dtype, &b.key))
     });
     let items = made
         .iter()

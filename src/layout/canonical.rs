@@ -42,17 +42,6 @@ pub(super) fn folders(header: &Header) -> Vec<String> {
         .collect()
 }
 
-/// Whether component `index` is one `model_index.json` lists (a Diffusers folder shows only
-/// those; a single-file checkpoint's own component, holding what Diffusers does not load, is
-/// not listed).
-pub(super) fn listed(header: &Header, index: usize) -> bool {
-    let name = &header.components[index].name;
-    header
-        .pipeline
-        .as_ref()
-        .is_some_and(|p| p.config.contains_key(name))
-}
-
 /// The JSON text of a config map.
 pub(super) fn config_text(config: &Config) -> Vec<u8> {
     let json = json::from_value(&Value::map(
