@@ -98,6 +98,41 @@ fn an_unmount_waits_out_a_moments_reference() {
 }
 
 #[test]
+fn a_root_mount_made_without_fusermount3_is_ours_to_unmount() {
+    // Without fusermount3 (a container without the fuse3 package), root mounts with mount(2)
+    // itself, and the kernel lists the mount as type `fuse`, not `fuse.tensorfs`: `unmount`
+    // refused it as "not a TensorFS mount".
+    let dir = tempfile::tempdir().unwrap();
+    let (_src, store) = imported_tiny(dir.path(), "store");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let _cleanup = Cleanup(&mnt);
+    let no_tools = dir.path().join("empty-path");
+    fs::create_dir(&no_tools).unwrap();
+    let mount = tensorfs()
+        .env("PATH", &no_tools)
+        .arg("--store")
+        .arg(&store)
+        .args(["mount", mnt.to_str().unwrap(), "--log-file"])
+        .arg(dir.path().join("mount.log"))
+        .output()
+        .unwrap();
+    assert!(
+        mount.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mount.stderr)
+    );
+    assert!(mounted(&mnt));
+    let status = ok(&store, &["status", mnt.to_str().unwrap(), "--json"]);
+    assert!(
+        status.contains("\"pid\""),
+        "status finds the mount: {status}"
+    );
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    assert!(!mounted(&mnt));
+}
+
+#[test]
 fn mounting_on_a_folder_with_files_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");

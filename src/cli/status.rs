@@ -1,7 +1,8 @@
 //! `tensorfs status [MOUNTPOINT] [--json]`: the running mounts, as each daemon reports itself
 //! in the `user.tensorfs.status` attribute of its mount's root ([`crate::fs::status`]).
 //!
-//! Mounts are found in `/proc/self/mountinfo` (type `fuse.tensorfs`). A mount whose daemon is
+//! Mounts are found in `/proc/self/mountinfo` (type `fuse.tensorfs`, or `fuse` with source
+//! `tensorfs`). A mount whose daemon is
 //! gone answers `ENOTCONN` (stale), one mounted by another user without `allow_other` refuses
 //! (`EACCES`), and a daemon that does not answer within [`ANSWER_WAIT`] is reported as such;
 //! none of them stops the others from being listed.

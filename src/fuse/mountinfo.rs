@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 
 /// The filesystem type the kernel lists for our mounts (`fuse.<subtype>`).
 pub const FSTYPE: &str = "fuse.tensorfs";
+/// The source (`fsname`) of our mounts.
+pub const FSNAME: &str = "tensorfs";
+
 /// Whether a TensorFS mount is on `mountpoint` (canonical), per `/proc/self/mountinfo`.
 pub fn is_mounted(mountpoint: &Path) -> bool {
-    find_mount(mountpoint).is_some_and(|m| m.fstype == FSTYPE)
+    find_mount(mountpoint).is_some_and(|m| m.is_ours())
 }
 
 /// One mount from `/proc/self/mountinfo`.
@@ -20,6 +23,15 @@ struct MountInfo {
     /// The device number `major:minor` (the bdi's name).
     device: String,
     fstype: String,
+    source: String,
+}
+
+impl MountInfo {
+    /// Ours: type `fuse.tensorfs`, or plain `fuse` with source `tensorfs`, as a root mount
+    /// made without `fusermount3` is listed (fuser's own mount(2) sets no subtype).
+    fn is_ours(&self) -> bool {
+        self.fstype == FSTYPE || (self.fstype == "fuse" && self.source == FSNAME)
+    }
 }
 
 /// The topmost mount on `mountpoint`. Read from mountinfo rather than by `stat`, which would
@@ -39,7 +51,7 @@ pub fn mounts() -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     for (i, (path, info)) in entries.iter().enumerate() {
         let topmost = !entries[i + 1..].iter().any(|(p, _)| p == path);
-        if topmost && info.fstype == FSTYPE {
+        if topmost && info.is_ours() {
             out.push(path.clone());
         }
     }
@@ -48,21 +60,28 @@ pub fn mounts() -> Vec<PathBuf> {
 
 /// Every mount of `/proc/self/mountinfo`, in its order.
 fn entries() -> Vec<(PathBuf, MountInfo)> {
-    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
+    fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| parse(&text))
+        .unwrap_or_default()
+}
+
+/// The mounts of mountinfo `text` (proc(5): `… mount-point … - fstype source super-options`).
+fn parse(text: &str) -> Vec<(PathBuf, MountInfo)> {
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
             let fields: Vec<&str> = left.split(' ').collect();
             let path = PathBuf::from(unescape(fields.get(4)?));
             let device = fields.get(2)?;
-            let fstype = right.split(' ').next()?;
+            let mut right = right.split(' ');
+            let fstype = right.next()?;
+            let source = unescape(right.next().unwrap_or(""));
             Some((
                 path,
                 MountInfo {
                     device: device.to_string(),
                     fstype: fstype.to_owned(),
+                    source,
                 },
             ))
         })
@@ -113,6 +132,23 @@ mod tests {
         assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");
         assert_eq!(unescape(r"/mnt/tab\011x\134y"), "/mnt/tab\tx\\y");
         assert_eq!(unescape(r"/plain\0"), r"/plain\0");
+    }
+
+    #[test]
+    fn a_root_mount_without_fusermount3_is_ours_too() {
+        // As Linux 6.18 lists a mount fuser made itself (no fusermount3 installed), beside one
+        // fusermount3 made, another FUSE filesystem, and a fuse mount of another name.
+        let text =
+            "45 27 0:40 / /tmp/um/mnt ro,nosuid,nodev,relatime - fuse tensorfs ro,user_id=0\n\
+                    46 27 0:41 / /tmp/b ro,nosuid,nodev - fuse.tensorfs tensorfs ro,user_id=0\n\
+                    47 27 0:42 / /tmp/c rw - fuse.sshfs host:/ rw\n\
+                    48 27 0:43 / /tmp/d rw - fuse other rw\n";
+        let ours: Vec<String> = parse(text)
+            .into_iter()
+            .filter(|(_, m)| m.is_ours())
+            .map(|(p, _)| p.display().to_string())
+            .collect();
+        assert_eq!(ours, ["/tmp/um/mnt", "/tmp/b"]);
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl MountConfig {
     fn fuser_config(&self) -> fuser::Config {
         let mut options = vec![
             MountOption::RO,
-            MountOption::FSName("tensorfs".into()),
+            MountOption::FSName(super::mountinfo::FSNAME.into()),
             MountOption::Subtype("tensorfs".into()),
             MountOption::DefaultPermissions,
         ];
