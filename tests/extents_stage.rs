@@ -124,6 +124,7 @@ fn small(fixed_buffers: bool) -> StageConfig {
         read_bytes: 1500,
         queue_depth: 8,
         fixed_buffers,
+        ..StageConfig::default()
     }
 }
 

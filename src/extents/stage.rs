@@ -47,6 +47,10 @@ pub struct StageConfig {
     /// Register the buffers with io_uring as fixed buffers and read with `ReadFixed` (default
     /// true); plain `Read`s when false or when the kernel refuses the registration.
     pub fixed_buffers: bool,
+    /// Hand every read to the kernel's worker threads (`IOSQE_ASYNC`, default true), so reads
+    /// of cached blobs copy on several cores at once instead of one after the other on the
+    /// loading thread.
+    pub async_reads: bool,
 }
 
 impl Default for StageConfig {
@@ -57,7 +61,55 @@ impl Default for StageConfig {
             read_bytes: 1 << 20,
             queue_depth: 64,
             fixed_buffers: true,
+            async_reads: true,
         }
+    }
+}
+
+/// The environment variable [`StageConfig::from_env`] reads.
+pub const STAGE_ENV: &str = "TENSORFS_STAGE";
+
+impl StageConfig {
+    /// The default settings, changed by `$TENSORFS_STAGE` where it is set: comma-separated
+    /// `name=value` pairs among `buffers`, `buffer_mib`, `read_kib`, `depth` (numbers) and
+    /// `fixed`, `async` (`0` or `1`), e.g. `buffers=8,buffer_mib=16`.
+    ///
+    /// # Errors
+    /// [`StageError::Config`] naming the pair that is not one of these.
+    pub fn from_env() -> Result<StageConfig, StageError> {
+        match std::env::var(STAGE_ENV) {
+            Ok(text) => StageConfig::parse(&text),
+            Err(_) => Ok(StageConfig::default()),
+        }
+    }
+
+    /// The default settings changed by `text`, as [`StageConfig::from_env`] reads it.
+    ///
+    /// # Errors
+    /// As [`StageConfig::from_env`].
+    pub fn parse(text: &str) -> Result<StageConfig, StageError> {
+        let mut config = StageConfig::default();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = || StageError::Config {
+                why: format!(
+                    "{STAGE_ENV}: {pair:?} is not one of buffers=N, buffer_mib=N, read_kib=N, \
+                     depth=N, fixed=0|1, async=0|1"
+                ),
+            };
+            let (name, value) = pair.split_once('=').ok_or_else(bad)?;
+            let n: usize = value.trim().parse().map_err(|_| bad())?;
+            let mib = |n: usize| n.checked_mul(1 << 20).ok_or_else(bad);
+            match (name.trim(), n) {
+                ("buffers", n) => config.buffers = n,
+                ("buffer_mib", n) => config.buffer_bytes = mib(n)?,
+                ("read_kib", n) => config.read_bytes = n.checked_mul(1 << 10).ok_or_else(bad)?,
+                ("depth", n) => config.queue_depth = u32::try_from(n).map_err(|_| bad())?,
+                ("fixed", 0 | 1) => config.fixed_buffers = n == 1,
+                ("async", 0 | 1) => config.async_reads = n == 1,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(config)
     }
 }
 
@@ -112,6 +164,12 @@ pub enum StageError {
         /// The OS error.
         #[source]
         source: io::Error,
+    },
+    /// The settings could not be read ([`StageConfig::from_env`]).
+    #[error("{why}")]
+    Config {
+        /// What is wrong.
+        why: String,
     },
     /// The host buffers could not be allocated.
     #[error("allocating {count} host buffers of {bytes} bytes: {source}")]
@@ -273,6 +331,7 @@ impl Stager {
             read_bytes: config.read_bytes.clamp(1, 1 << 30),
             queue_depth: config.queue_depth.clamp(1, 4096),
             fixed_buffers: config.fixed_buffers,
+            async_reads: config.async_reads,
         };
         let buffers = Buffers::new(config.buffers, config.buffer_bytes).map_err(|source| {
             StageError::Alloc {
@@ -281,13 +340,14 @@ impl Stager {
                 source,
             }
         })?;
-        let ring =
+        let mut ring =
             Ring::new(config.queue_depth, buffers, config.fixed_buffers).map_err(|source| {
                 StageError::Ring {
                     what: "setting up the ring",
                     source,
                 }
             })?;
+        ring.set_async_reads(config.async_reads);
         Ok(Stager { ring, config })
     }
 
@@ -661,5 +721,43 @@ impl StageSink for HostParts {
 
     fn reclaim(&mut self, _slot: usize) -> Result<(), SinkError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_settings_read_from_the_environment_text() {
+        let config =
+            StageConfig::parse(" buffers=8, buffer_mib=16,read_kib=512,depth=128,fixed=0,async=0 ")
+                .unwrap();
+        assert_eq!(
+            config,
+            StageConfig {
+                buffers: 8,
+                buffer_bytes: 16 << 20,
+                read_bytes: 512 << 10,
+                queue_depth: 128,
+                fixed_buffers: false,
+                async_reads: false,
+            }
+        );
+        assert_eq!(StageConfig::parse("").unwrap(), StageConfig::default());
+        for bad in [
+            "buffers",
+            "buffers=x",
+            "speed=3",
+            "async=2",
+            "depth=99999999999",
+            "buffer_mib=-1",
+        ] {
+            let err = StageConfig::parse(bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with(STAGE_ENV) && err.contains(bad),
+                "{bad}: {err}"
+            );
+        }
     }
 }

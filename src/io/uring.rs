@@ -20,7 +20,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 use memmap2::MmapMut;
 
 /// Bits of `user_data`: the batch's generation (16), the ring buffer a read fills (16; all ones
@@ -89,6 +89,8 @@ pub struct Ring {
     /// Reads pushed and not yet reaped, of any batch.
     in_flight: usize,
     generation: u16,
+    /// Reads into the buffers go to the kernel's worker threads (`IOSQE_ASYNC`).
+    async_reads: bool,
 }
 
 // SAFETY: the raw pointers are addresses of mappings the ring owns; nothing else aliases them,
@@ -125,6 +127,7 @@ impl Ring {
             entries,
             in_flight: 0,
             generation: 0,
+            async_reads: false,
         };
         if register && !ring.buffers.maps.is_empty() {
             let iovecs: Vec<libc::iovec> = ring
@@ -144,6 +147,14 @@ impl Ring {
             }
         }
         Ok(ring)
+    }
+
+    /// Sends reads into the buffers ([`Batch::read_buffer`]) to the kernel's worker threads
+    /// (`IOSQE_ASYNC`) instead of trying each inline first: a read of cached pages is then a
+    /// copy on a worker, so the reads in flight copy on several cores at once rather than one
+    /// after the other on the submitting thread (off by default).
+    pub fn set_async_reads(&mut self, on: bool) {
+        self.async_reads = on;
     }
 
     /// The most reads in flight at once (the `entries` asked for; the submission queue holds
@@ -333,6 +344,10 @@ impl Batch<'_> {
             false => opcode::Read::new(fd, ptr, len).offset(offset).build(),
         }
         .user_data(self.user_data(slot as u64, id));
+        let entry = match self.ring.async_reads {
+            true => entry.flags(squeue::Flags::ASYNC),
+            false => entry,
+        };
         // The buffer is the ring's: `Batch::buffer` refuses it while this read is in flight,
         // and the ring is not otherwise reachable while the batch lives.
         self.push(entry)?;
