@@ -186,6 +186,46 @@ impl Located {
         }
     }
 
+    /// Stored bytes known from elsewhere (a mount's whole-file answer, a header's location):
+    /// one part, `weight`, dtype U8 and shape `[n]`, made of `pieces` in order, each `(blob,
+    /// offset in it, length)`, its file offsets counted from 0. `file` and `key` name it in
+    /// errors; `store_root` holds the blobs.
+    pub fn bytes(
+        file: &str,
+        key: &str,
+        store_root: &Path,
+        pieces: &[(ObjectRef, u64, u64)],
+    ) -> Located {
+        let mut extents = Vec::with_capacity(pieces.len());
+        let mut file_offset = 0;
+        for &(blob, offset, length) in pieces.iter().filter(|p| p.2 > 0) {
+            extents.push(Extent {
+                part: 0,
+                blob,
+                path: store_root.join(blob.blob_path()),
+                offset,
+                length,
+                file_offset,
+            });
+            file_offset += length;
+        }
+        Located {
+            file: file.to_owned(),
+            key: key.to_owned(),
+            dtype: Dtype::U8,
+            shape: vec![file_offset],
+            encoding: None,
+            parts: vec![Part {
+                role: "weight".into(),
+                dtype: Dtype::U8,
+                shape: vec![file_offset],
+                file_range: 0..file_offset,
+                extents: 0..extents.len(),
+            }],
+            extents,
+        }
+    }
+
     /// The extents of part `part` (empty for an unknown part).
     pub fn part_extents(&self, part: usize) -> &[Extent] {
         self.parts

@@ -20,7 +20,9 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DriverError,
+};
 
 use crate::extents::stage::{
     Segment, SinkError, StageConfig, StageError, StageSink, StageStats, Stager,
@@ -221,6 +223,8 @@ impl Drop for Pinned {
 pub struct GpuLoader {
     // Drop order matters: events and the page-locking go before the stager unmaps its buffers.
     events: Vec<CudaEvent>,
+    /// Recorded on a caller's stream for [`GpuLoader::load_into`] to wait on.
+    ready: CudaEvent,
     pinned: Pinned,
     stager: Stager,
     stream: Arc<CudaStream>,
@@ -239,12 +243,12 @@ impl std::fmt::Debug for GpuLoader {
 
 impl GpuLoader {
     /// A loader for device `ordinal` with the default buffers ([`StageConfig::default`]: four of
-    /// 8 MiB, reads of 1 MiB).
+    /// 8 MiB, reads of 1 MiB), as `$TENSORFS_STAGE` changes them ([`StageConfig::from_env`]).
     ///
     /// # Errors
-    /// As [`GpuLoader::with_config`].
+    /// As [`GpuLoader::with_config`]; [`StageError::Config`] for a malformed `$TENSORFS_STAGE`.
     pub fn new(ordinal: usize) -> Result<GpuLoader, GpuError> {
-        GpuLoader::with_config(ordinal, StageConfig::default())
+        GpuLoader::with_config(ordinal, StageConfig::from_env()?)
     }
 
     /// A loader for device `ordinal`: checks CUDA ([`open_device`]), creates a stream, allocates
@@ -266,8 +270,10 @@ impl GpuLoader {
             .map(|_| ctx.new_event(None))
             .collect::<Result<Vec<_>, _>>()
             .map_err(cuda("creating events"))?;
+        let ready = ctx.new_event(None).map_err(cuda("creating events"))?;
         Ok(GpuLoader {
             events,
+            ready,
             pinned,
             stager,
             stream,
@@ -290,8 +296,8 @@ impl GpuLoader {
         self.stager.fixed()
     }
 
-    /// Loads every part of `located` to device memory: its stored bytes (an encoded tensor's
-    /// parts are not decoded). Returns once the bytes are on the device.
+    /// Loads every part of `located` to new device memory: its stored bytes (an encoded
+    /// tensor's parts are not decoded). Returns once the bytes are on the device.
     ///
     /// # Errors
     /// [`GpuError::Cuda`] naming the tensor and part when device memory cannot be had;
@@ -310,9 +316,9 @@ impl GpuLoader {
             let len = len as usize; // 64-bit targets only (cudarc's)
             let slice = match len {
                 0 => self.stream.null::<u8>(),
-                // SAFETY: the memory is uninitialized until the stage below writes every byte
-                // of it (the stager checks that the extents tile each part); on any error the
-                // slices are dropped unread.
+                // SAFETY: the memory is uninitialized until `load_into` below writes every
+                // byte of it (the stager checks that the extents tile each part); on any error
+                // the slices are dropped unread.
                 _ => unsafe { self.stream.alloc::<u8>(len) },
             };
             data.push(slice.map_err(|source| GpuError::Cuda {
@@ -320,21 +326,10 @@ impl GpuLoader {
                 source,
             })?);
         }
-        let mut sink = DeviceSink {
-            stream: &self.stream,
-            events: &self.events,
-            parts: &mut data,
-        };
-        let staged = self.stager.stage(located, &mut sink);
-        let synced = self.stream.synchronize();
-        let stats = staged?;
-        synced.map_err(|source| GpuError::Cuda {
-            what: format!(
-                "{}: tensor {:?}: finishing the copies",
-                located.file, located.key
-            ),
-            source,
-        })?;
+        let ranges: Vec<DeviceRange> = data.iter_mut().map(DeviceRange::of).collect();
+        // SAFETY: the ranges are the slices just allocated on the loader's own stream (so
+        // ordered before its copies), owned here until the copies are done.
+        let stats = unsafe { self.load_into(located, &ranges, None) }?;
         let parts = located
             .parts
             .iter()
@@ -356,6 +351,124 @@ impl GpuLoader {
             stats,
         })
     }
+
+    /// Loads every part of `located` into device memory the caller owns (`parts[i]` for
+    /// `located.parts[i]`, exactly the part's length): a framework's allocation, such as a
+    /// torch tensor's storage. When `after` is a stream, the copies wait for the work queued on
+    /// it first (the stream the memory was allocated on, whose earlier users may still read
+    /// it); `None`: the memory is free to write now. Returns once the bytes are on the device.
+    ///
+    /// # Safety
+    /// Each range is device memory of this loader's device, valid for its `len` bytes, that
+    /// nothing else reads or writes, or frees, until this returns; `after` is a live stream of
+    /// the same context, or `None`.
+    ///
+    /// # Errors
+    /// [`GpuError::Stage`]: the ranges do not match the parts ([`StageError::Invalid`]), a blob
+    /// cannot be read, or a copy fails; [`GpuError::Cuda`] when ordering after `after` or
+    /// finishing the copies fails.
+    pub unsafe fn load_into(
+        &mut self,
+        located: &Located,
+        parts: &[DeviceRange],
+        after: Option<sys::CUstream>,
+    ) -> Result<StageStats, GpuError> {
+        let invalid = |why: String| StageError::Invalid {
+            file: located.file.clone(),
+            tensor: located.key.clone(),
+            why,
+        };
+        if parts.len() != located.parts.len() {
+            return Err(invalid(format!(
+                "{} device ranges for {} parts",
+                parts.len(),
+                located.parts.len()
+            ))
+            .into());
+        }
+        for (i, (p, range)) in located.parts.iter().zip(parts).enumerate() {
+            let want = p.file_range.end.saturating_sub(p.file_range.start);
+            if range.len as u64 != want {
+                return Err(invalid(format!(
+                    "a device range of {} bytes for part {i} ({}) of {want}",
+                    range.len, p.role
+                ))
+                .into());
+            }
+        }
+        let cuda = |what: &str| {
+            let what = format!("{}: tensor {:?}: {what}", located.file, located.key);
+            move |source| GpuError::Cuda { what, source }
+        };
+        // The calling thread may be any (a Python thread): the raw calls below need the
+        // context current on it.
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda("binding the context"))?;
+        if let Some(after) = after {
+            let ready = self.ready.cu_event();
+            // SAFETY: `after` is a live stream of this context (the caller's promise), and the
+            // event and the loader's stream are this loader's.
+            unsafe {
+                sys::cuEventRecord(ready, after)
+                    .result()
+                    .map_err(cuda("recording the memory's stream"))?;
+                sys::cuStreamWaitEvent(self.stream.cu_stream(), ready, 0)
+                    .result()
+                    .map_err(cuda("ordering the copies after the memory's stream"))?;
+            }
+        }
+        let mut sink = DeviceSink {
+            stream: &self.stream,
+            events: &self.events,
+            parts,
+        };
+        let staged = self.stager.stage(located, &mut sink);
+        let synced = self.stream.synchronize();
+        let stats = staged?;
+        synced.map_err(cuda("finishing the copies"))?;
+        Ok(stats)
+    }
+
+    /// Host bytes (a tensor decoded on the host, say) in new device memory. Returns once they
+    /// are on the device.
+    ///
+    /// # Errors
+    /// [`GpuError::Cuda`], with `what` (the tensor) in its message.
+    pub fn upload(&mut self, bytes: &[u8], what: &str) -> Result<CudaSlice<u8>, GpuError> {
+        let cuda = |step: &str| {
+            let what = format!("{what}: {step}");
+            move |source| GpuError::Cuda { what, source }
+        };
+        let slice = match bytes.len() {
+            0 => self.stream.null::<u8>(),
+            _ => self.stream.clone_htod(bytes),
+        }
+        .map_err(cuda("copying to the device"))?;
+        self.stream
+            .synchronize()
+            .map_err(cuda("finishing the copy"))?;
+        Ok(slice)
+    }
+}
+
+/// Device memory for one stored part: `len` bytes at device address `ptr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceRange {
+    /// The device address (`CUdeviceptr`).
+    pub ptr: sys::CUdeviceptr,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl DeviceRange {
+    /// The whole of `slice`, to be written.
+    pub fn of(slice: &mut CudaSlice<u8>) -> DeviceRange {
+        let stream = slice.stream().clone();
+        let len = slice.len();
+        let (ptr, _recorded) = slice.device_ptr_mut(&stream);
+        DeviceRange { ptr, len }
+    }
 }
 
 /// Copies each filled buffer's segments to the parts' device memory, then records the
@@ -363,7 +476,7 @@ impl GpuLoader {
 struct DeviceSink<'a> {
     stream: &'a Arc<CudaStream>,
     events: &'a [CudaEvent],
-    parts: &'a mut [CudaSlice<u8>],
+    parts: &'a [DeviceRange],
 }
 
 impl StageSink for DeviceSink<'_> {
@@ -375,18 +488,21 @@ impl StageSink for DeviceSink<'_> {
     ) -> Result<(), SinkError> {
         for s in segments {
             let src = &buffer[s.buffer_offset..s.buffer_offset + s.length];
-            let at = s.part_offset as usize;
             let part = self
                 .parts
-                .get_mut(s.part)
+                .get(s.part)
                 .ok_or_else(|| format!("no part {}", s.part))?;
-            let mut dst = part
-                .try_slice_mut(at..at + s.length)
-                .ok_or_else(|| format!("bytes {at}..{} past part {}", at + s.length, s.part))?;
-            // An asynchronous copy from page-locked memory: `buffer` is not written again until
-            // `reclaim(slot)` has waited for the event recorded below.
-            self.stream
-                .memcpy_htod(src, &mut dst)
+            let at = s.part_offset;
+            if at.saturating_add(s.length as u64) > part.len as u64 {
+                return Err(
+                    format!("bytes {at}..{} past part {}", at + s.length as u64, s.part).into(),
+                );
+            }
+            // SAFETY: the destination lies inside the part's range (checked above), which the
+            // loader's caller keeps valid and unshared until the stream is synchronized. The
+            // source is page-locked and not written again until `reclaim(slot)` has waited for
+            // the event recorded below.
+            unsafe { result::memcpy_htod_async(part.ptr + at, src, self.stream.cu_stream()) }
                 .map_err(|e| format!("copying part {} to the device: {}", s.part, describe(&e)))?;
         }
         self.events[slot]

@@ -206,36 +206,62 @@ class Tensors(Mapping):
         self,
         keys: Union[str, Sequence[str], None] = None,
         *,
-        device: str = "cpu",
+        device: Union[str, int, Any, None] = "cpu",
         decode: bool = False,
     ) -> Union[Array, Encoded, Dict[str, Union[Array, Encoded]]]:
         """Reads one tensor (`keys` a key: its array), several (a list or tuple: a dict in
         that order) or all (`None`: a dict in construction order). A plain tensor is an
         `Array` of its bytes; an encoded one is an `Encoded` (its parts as stored) unless
-        `decode`, which decodes it into an `Array` of its logical dtype. `device` is `cpu`:
-        arrays are host memory, which `torch.from_dlpack(...).to(device)` moves.
+        `decode`, which decodes it into an `Array` of its logical dtype.
+
+        `device`: `cpu` (host memory), or a CUDA device (`cuda`, `cuda:N`, `N`, a
+        `torch.device`), into whose memory the bytes are read straight from the store's blobs
+        (a decoded tensor: decoded on the host, then copied); `cuda` alone is torch's current
+        device when torch is imported, else device 0.
 
         Raises `NotFoundError` (no such tensor, an absent blob), `IntegrityError` (a damaged
-        blob), `UnknownSchemeError` or `DecodeError` (with `decode`), `UnsupportedError` (a
-        device other than the CPU)."""
-        if device not in ("cpu", None):
-            raise UnsupportedError(
-                f"device {device!r}: this build reads into host memory; move the arrays with "
-                "torch.from_dlpack(array).to(device)"
-            )
+        blob), `UnknownSchemeError` or `DecodeError` (with `decode`), `InvalidError` (a device
+        that is not `cpu` or CUDA's), `UnsupportedError` (CUDA not available: no driver or no
+        such device)."""
+        ordinal = _device_ordinal(device)
         if isinstance(keys, str):
-            return self._read(keys, decode)
+            return self._read(keys, decode, ordinal)
         names = list(self._tensors) if keys is None else list(keys)
-        return {key: self._read(key, decode) for key in names}
+        return {key: self._read(key, decode, ordinal) for key in names}
 
-    def _read(self, key: str, decode: bool):
+    def _read(self, key: str, decode: bool, ordinal: Optional[int]):
         native = self._checkpoint._native_handle()
-        got = _call(native.read, self._component, key, decode)
+        got = _call(native.read, self._component, key, decode, ordinal)
         if isinstance(got, Array):
             return got
         scheme, params, parts = got
         meta = self._tensors[key]
         return Encoded(meta.dtype, meta.shape, scheme, params, dict(parts))
+
+
+def _device_ordinal(device) -> Optional[int]:
+    """`None` for the host, else the CUDA device's ordinal."""
+    if device is None or device == "cpu":
+        return None
+    kind, index = getattr(device, "type", None), getattr(device, "index", None)
+    if kind is None:  # not a torch.device
+        if isinstance(device, int) and not isinstance(device, bool):
+            kind, index = "cuda", device
+        elif isinstance(device, str):
+            kind, _, text = device.partition(":")
+            index = int(text) if text.isdigit() else -1 if text else None
+        else:
+            kind = None
+    if kind == "cpu" and index is None:
+        return None
+    if kind != "cuda" or (index is not None and index < 0):
+        raise InvalidError(f"device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or N")
+    if index is None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
+    return index
 
 
 class Component:

@@ -10,7 +10,9 @@ from the blob itself:
 - a tensor inside one blob (most: chunks are 64 MiB) is a private, copy-on-write mapping of
   the blob's range, as safetensors' own tensors are of the file (`backend="mmap"`, the default),
   or a read into new memory (`backend="pread"`);
-- a tensor spanning blobs is read into new memory, piece by piece.
+- a tensor spanning blobs is read into new memory, piece by piece;
+- with `device="cuda"`, a tensor is read from its blobs straight into a new torch tensor on the
+  device (`_native.to_device`: io_uring into page-locked buffers, copies overlapped).
 
 Each blob's bytes are proven before use (its inode is the one the daemon proved, or the store's
 verification ledger shows it unchanged since it was hashed, or it is hashed now, once per
@@ -329,6 +331,10 @@ class safe_open:
         if (begin, end) in self._decoded:
             # Decoded as it is read: no blob holds these bytes.
             return self._safetensors_tensor(name)
+        if torch and device not in ("cpu", None):
+            placed = self._on_device(name, begin, end, dtype, shape, device)
+            if placed is not None:
+                return placed
         try:
             buffer, offset = self._bytes(name, begin, end)
         except PermissionError:
@@ -364,16 +370,49 @@ class safe_open:
 
         return np.empty(shape, dtype=dtype)
 
+    def _extents(self, name: str, begin: int, end: int):
+        """The extents of the file's bytes [begin, end) (a tensor, or a part of an encoded
+        one), each `(blob, blob length, offset, length, file offset, stamp)`, and the store."""
+        if self._parts is not None:
+            extents, store = self._parts.get((begin, end)), self._store
+        else:
+            extents, store = self._locate(name, begin, end, f"{self._path}: tensor {name!r}")
+        if extents is None:
+            raise OSError(
+                errno.EIO,
+                f"{self._path}: tensor {name!r}: the daemon locates no part at bytes {begin}..{end}",
+            )
+        return extents, store
+
+    def _on_device(self, name: str, begin: int, end: int, dtype, shape, device):
+        """The tensor read from its blobs straight into a new torch tensor on CUDA device
+        `device` (`_native.to_device`: io_uring into page-locked buffers, copies overlapped);
+        None where that path does not apply: another device, CUDA unavailable to torch (its
+        own `.to()` then says why), a build without the `cuda` feature, a blob this process
+        may not read."""
+        to_device = getattr(_native, "to_device", None)
+        if to_device is None:
+            return None
+        import torch
+
+        target = torch.device(device)
+        if target.type != "cuda" or not torch.cuda.is_available():
+            return None
+        extents, store = self._extents(name, begin, end)
+        out = torch.empty(end - begin, dtype=torch.uint8, device=target)
+        stream = torch.cuda.current_stream(out.device).cuda_stream
+        pieces = [(sha, length_, offset, length, stamp) for sha, length_, offset, length, _, stamp in extents]
+        try:
+            to_device(store, pieces, out.data_ptr(), end - begin, out.device.index, stream, self._path, name)
+        except PermissionError:
+            return None
+        return out.view(dtype).reshape(shape)
+
     def _bytes(self, name: str, begin: int, end: int):
         """A writable buffer holding the file's bytes [begin, end) and the offset of the first
         in it."""
         what = f"{self._path}: tensor {name!r}"
-        if self._parts is not None:
-            extents, store = self._parts.get((begin, end)), self._store
-        else:
-            extents, store = self._locate(name, begin, end, what)
-        if extents is None:
-            raise OSError(errno.EIO, f"{what}: the daemon locates no part at bytes {begin}..{end}")
+        extents, store = self._extents(name, begin, end)
         if len(extents) == 1 and self._backend == "mmap":
             sha, blob_length, offset, _length, _, stamp = extents[0]
             with self._maps_lock:

@@ -1,5 +1,6 @@
-//! [`Array`]: owned host bytes with a safetensors dtype and a shape, shared with DLPack
-//! consumers (`torch.from_dlpack`, `numpy.from_dlpack`) without a copy.
+//! [`Array`]: owned bytes (host memory, or with the `cuda` feature device memory) with a
+//! safetensors dtype and a shape, shared with DLPack consumers (`torch.from_dlpack`,
+//! `numpy.from_dlpack`) without a copy.
 //!
 //! The DLPack structs and codes are those of `dlpack.h` 1.1 (github.com/dmlc/dlpack): a
 //! `dltensor` capsule (legacy) or, when the consumer passes `max_version >= (1, 0)`, a
@@ -71,24 +72,68 @@ impl Drop for Bytes {
     }
 }
 
-/// A tensor's bytes on the host: `dtype` (a safetensors dtype name), `shape` (outermost
-/// first), `nbytes`, `tobytes()`, and the DLPack protocol (`__dlpack__`,
+/// Where an [`Array`]'s bytes are.
+pub enum Storage {
+    /// Host memory.
+    Host(Bytes),
+    /// Memory of a CUDA device.
+    #[cfg(feature = "cuda")]
+    Device(crate::device::DeviceBytes),
+}
+
+impl Storage {
+    fn len(&self) -> usize {
+        match self {
+            Storage::Host(bytes) => bytes.as_slice().len(),
+            #[cfg(feature = "cuda")]
+            Storage::Device(bytes) => bytes.len(),
+        }
+    }
+
+    /// The address DLPack shares (a device address for device memory).
+    fn data(&self) -> *mut c_void {
+        match self {
+            Storage::Host(bytes) => bytes.ptr.as_ptr().cast(),
+            #[cfg(feature = "cuda")]
+            Storage::Device(bytes) => bytes.address() as *mut c_void,
+        }
+    }
+
+    fn device(&self) -> DLDevice {
+        match self {
+            Storage::Host(_) => CPU,
+            #[cfg(feature = "cuda")]
+            Storage::Device(bytes) => DLDevice {
+                device_type: 2, // kDLCUDA
+                device_id: bytes.ordinal() as i32,
+            },
+        }
+    }
+}
+
+/// A tensor's bytes: `dtype` (a safetensors dtype name), `shape` (outermost first), `nbytes`,
+/// `device` (`cpu` or `cuda:N`), `tobytes()`, and the DLPack protocol (`__dlpack__`,
 /// `__dlpack_device__`), through which consumers share the bytes (writable, as NumPy's and
 /// torch's own arrays are).
 #[pyclass(module = "cozytensors._native", frozen)]
 pub struct Array {
     dtype: Dtype,
     shape: Vec<u64>,
-    bytes: Arc<Bytes>,
+    bytes: Arc<Storage>,
 }
 
 impl Array {
-    /// An array of `bytes` as `dtype` × `shape` (row-major, little-endian, as stored).
+    /// An array of host `bytes` as `dtype` × `shape` (row-major, little-endian, as stored).
     pub fn new(dtype: Dtype, shape: Vec<u64>, bytes: Bytes) -> Array {
+        Array::of(dtype, shape, Storage::Host(bytes))
+    }
+
+    /// An array of `storage` as `dtype` × `shape`.
+    pub fn of(dtype: Dtype, shape: Vec<u64>, storage: Storage) -> Array {
         Array {
             dtype,
             shape,
-            bytes: Arc::new(bytes),
+            bytes: Arc::new(storage),
         }
     }
 }
@@ -175,7 +220,7 @@ struct DLManagedTensorVersioned {
 /// What an exported tensor keeps alive: the bytes and the shape array DLPack points at. No
 /// Python object, so a deleter may run on any thread without the GIL.
 struct Context {
-    _bytes: Arc<Bytes>,
+    _bytes: Arc<Storage>,
     _shape: Box<[i64]>,
 }
 
@@ -235,24 +280,45 @@ impl Array {
     /// The byte count.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.bytes.as_slice().len()
+        self.bytes.len()
     }
 
-    /// A copy of the bytes (row-major, little-endian).
-    fn tobytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, self.bytes.as_slice())
+    /// Where the bytes are: `cpu`, or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        match self.bytes.device() {
+            d if d.device_type == CPU.device_type => "cpu".into(),
+            d => format!("cuda:{}", d.device_id),
+        }
     }
 
-    /// `(kDLCPU, 0)`.
+    /// A copy of the bytes (row-major, little-endian), copied from the device first when the
+    /// array is on one.
+    ///
+    /// # Errors
+    /// `RuntimeError` when the copy from the device fails.
+    fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        match &*self.bytes {
+            Storage::Host(bytes) => Ok(PyBytes::new(py, bytes.as_slice())),
+            #[cfg(feature = "cuda")]
+            Storage::Device(bytes) => Ok(PyBytes::new(py, &bytes.to_host()?)),
+        }
+    }
+
+    /// `(kDLCPU, 0)`, or `(kDLCUDA, N)` for device `N`.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (CPU.device_type, CPU.device_id)
+        let d = self.bytes.device();
+        (d.device_type, d.device_id)
     }
 
-    /// A DLPack capsule sharing the bytes; versioned when `max_version >= (1, 0)`.
+    /// A DLPack capsule sharing the bytes; versioned when `max_version >= (1, 0)`. Device
+    /// bytes are complete before an array exists (its load waited for its copies), so
+    /// `stream` needs no ordering.
     ///
     /// # Errors
     /// `BufferError` (the DLPack protocol's refusal to export): a dtype DLPack has no code for
-    /// (F4, F6), a device other than the CPU, or `copy=True` asked of a producer that shares.
+    /// (F4, F6), a device other than the array's, or `copy=True` asked of a producer that
+    /// shares.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__(
         &self,
@@ -262,17 +328,19 @@ impl Array {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let _ = stream; // host memory: nothing to order against
+        let _ = stream; // the bytes are complete: nothing to order against
         let Some((code, bits)) = dl_dtype(&self.dtype) else {
             return Err(PyBufferError::new_err(format!(
                 "DLPack has no dtype for {}",
                 self.dtype.name()
             )));
         };
+        let device = self.bytes.device();
         if let Some((kind, id)) = dl_device {
-            if (kind, id) != (CPU.device_type, CPU.device_id) {
+            if (kind, id) != (device.device_type, device.device_id) {
                 return Err(PyBufferError::new_err(format!(
-                    "the array is on the CPU, not DLPack device ({kind}, {id})"
+                    "the array is on {}, not DLPack device ({kind}, {id})",
+                    self.device()
                 )));
             }
         }
@@ -283,8 +351,8 @@ impl Array {
         }
         let mut shape: Box<[i64]> = self.shape.iter().map(|&d| d as i64).collect();
         let dl_tensor = DLTensor {
-            data: self.bytes.ptr.as_ptr().cast(),
-            device: CPU,
+            data: self.bytes.data(),
+            device,
             ndim: shape.len() as i32,
             dtype: DLDataType {
                 code,
@@ -338,10 +406,14 @@ impl Array {
         let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
         let comma = if dims.len() == 1 { "," } else { "" };
         format!(
-            "Array(dtype={}, shape=({}{comma}), nbytes={})",
+            "Array(dtype={}, shape=({}{comma}), nbytes={}{})",
             self.dtype.name(),
             dims.join(", "),
-            self.bytes.as_slice().len()
+            self.bytes.len(),
+            match self.device().as_str() {
+                "cpu" => String::new(),
+                device => format!(", device={device}"),
+            }
         )
     }
 }

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use tensorfs::decode;
+#[cfg(feature = "cuda")]
+use tensorfs::extents::Located;
 use tensorfs::format::{Body, Component, Dtype, Header, Location, ObjectRef, Tensor, Value};
 use tensorfs::fs::Catalog;
 use tensorfs::io::{ObjectRead, ObjectSource};
@@ -16,7 +18,9 @@ use tensorfs::revisions::{self, ResolveError, Target};
 use tensorfs::store::retention::Hold;
 use tensorfs::store::{Commit, Store, StoreError};
 
-use crate::array::{Array, Bytes};
+use crate::array::{Array, Bytes, Storage};
+#[cfg(feature = "cuda")]
+use crate::device;
 use crate::failure::failure;
 
 fn store_failure(e: &StoreError) -> PyErr {
@@ -289,6 +293,7 @@ impl Checkpoint {
         Ok(bytes)
     }
 
+    /// The array at `location`: in host memory (`device` `None`), or on CUDA device `device`.
     fn array(
         &self,
         py: Python<'_>,
@@ -296,13 +301,120 @@ impl Checkpoint {
         shape: &[u64],
         location: Location,
         what: &str,
+        device: Option<usize>,
     ) -> PyResult<Array> {
-        Ok(Array::new(
-            dtype.clone(),
-            shape.to_vec(),
-            self.bytes(py, location, what)?,
-        ))
+        let storage = match device {
+            None => Storage::Host(self.bytes(py, location, what)?),
+            Some(ordinal) => self.device_bytes(py, location, what, ordinal)?,
+        };
+        Ok(Array::of(dtype.clone(), shape.to_vec(), storage))
     }
+
+    /// `bytes` (host memory) as an array in host memory, or copied to CUDA device `device`.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn place(
+        &self,
+        py: Python<'_>,
+        dtype: &Dtype,
+        shape: &[u64],
+        bytes: Bytes,
+        what: &str,
+        device: Option<usize>,
+    ) -> PyResult<Array> {
+        let storage = match device {
+            None => Storage::Host(bytes),
+            #[cfg(feature = "cuda")]
+            Some(ordinal) => upload(py, &bytes, what, ordinal)?,
+            #[cfg(not(feature = "cuda"))]
+            Some(_) => return Err(no_cuda(what)),
+        };
+        Ok(Array::of(dtype.clone(), shape.to_vec(), storage))
+    }
+
+    /// The bytes at `location` on CUDA device `ordinal`: read from the store's blobs straight
+    /// into device memory (`tensorfs::gpu`), each blob proven first; through host memory when a
+    /// blob has no local file yet (a remote object not fetched: the read fetches it) or cannot
+    /// be proven (the host read says why).
+    #[cfg(feature = "cuda")]
+    fn device_bytes(
+        &self,
+        py: Python<'_>,
+        location: Location,
+        what: &str,
+        ordinal: usize,
+    ) -> PyResult<Storage> {
+        let header = self.header();
+        let pieces: Vec<(ObjectRef, u64, u64)> = header
+            .pieces(location)
+            .map(|(chunk, offset, length)| (header.chunks[chunk], offset, length))
+            .collect();
+        let proven = py.detach(|| {
+            let mut seen: Vec<ObjectRef> = Vec::new();
+            pieces.iter().all(|(object, _, _)| {
+                seen.contains(object) || {
+                    seen.push(*object);
+                    self.reader.backing_file(object).is_some()
+                }
+            })
+        });
+        if !proven {
+            let bytes = self.bytes(py, location, what)?;
+            return upload(py, &bytes, what, ordinal);
+        }
+        let located = Located::bytes(&self.label(), what, &self.root, &pieces);
+        let tensor = py
+            .detach(|| device::with_loader(ordinal, |l| l.load(&located)))
+            .map_err(|e| gpu_failure(what, e))?;
+        let part = tensor.parts.into_iter().next().expect("one part");
+        Ok(Storage::Device(device::DeviceBytes::new(part.data)))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn device_bytes(
+        &self,
+        _py: Python<'_>,
+        _location: Location,
+        what: &str,
+        _ordinal: usize,
+    ) -> PyResult<Storage> {
+        Err(no_cuda(what))
+    }
+}
+
+/// Host `bytes` copied to CUDA device `ordinal`.
+#[cfg(feature = "cuda")]
+fn upload(py: Python<'_>, bytes: &Bytes, what: &str, ordinal: usize) -> PyResult<Storage> {
+    let slice = py
+        .detach(|| device::with_loader(ordinal, |l| l.upload(bytes.as_slice(), what)))
+        .map_err(|e| gpu_failure(what, e))?;
+    Ok(Storage::Device(device::DeviceBytes::new(slice)))
+}
+
+/// A load to a device as a `Failure`: `unsupported` when CUDA is not available, else the
+/// code of what failed.
+#[cfg(feature = "cuda")]
+fn gpu_failure(what: &str, e: tensorfs::gpu::GpuError) -> PyErr {
+    use tensorfs::extents::stage::StageError;
+    use tensorfs::gpu::GpuError;
+    let code = match &e {
+        GpuError::CudaNotAvailable { .. } => "unsupported",
+        GpuError::Stage(StageError::Open { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            "not_found"
+        }
+        GpuError::Stage(StageError::Eof { .. }) => "integrity",
+        _ => "io",
+    };
+    failure(code, format!("{what}: {e}"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda(what: &str) -> PyErr {
+    failure(
+        "unsupported",
+        format!("{what}: this build of cozytensors has no CUDA support (the `cuda` feature)"),
+    )
 }
 
 #[pymethods]
@@ -388,45 +500,51 @@ impl Checkpoint {
 
     /// The tensor `key` of `component`: an [`Array`] of its logical bytes when it is plain or
     /// `decode` is true (decoded by the scheme's decoder), else `(scheme, params,
-    /// [(role, Array)])`, its parts as stored.
+    /// [(role, Array)])`, its parts as stored. `device`: `None` for host memory, else the
+    /// ordinal of the CUDA device the arrays are loaded to (a decoded tensor is decoded on the
+    /// host, then copied).
     ///
     /// # Errors
     /// `Failure` `not_found` (no such component or tensor, an absent blob), `integrity` (a
-    /// damaged blob), `unknown_scheme` or `decode` (with `decode`), `io`.
-    #[pyo3(signature = (component, key, decode=false))]
+    /// damaged blob), `unknown_scheme` or `decode` (with `decode`), `unsupported` (a device
+    /// without CUDA), `io`.
+    #[pyo3(signature = (component, key, decode=false, device=None))]
     fn read(
         &self,
         py: Python<'_>,
         component: &str,
         key: &str,
         decode: bool,
+        device: Option<usize>,
     ) -> PyResult<Py<PyAny>> {
         let c = self.component(component)?;
         let t = self.tensor(c, key)?;
         let what = format!("{}: {}/{}", self.label(), c.name, t.key);
         match &t.body {
             Body::Plain(location) => Ok(self
-                .array(py, &t.dtype, &t.shape, *location, &what)?
+                .array(py, &t.dtype, &t.shape, *location, &what, device)?
                 .into_pyobject(py)?
                 .into_any()
                 .unbind()),
+            Body::Encoded { encoding, parts } if !decode => {
+                let encoding = &self.header().encodings[*encoding];
+                let list = PyList::empty(py);
+                for p in parts {
+                    let what = format!("{what} part {}", p.role);
+                    let array = self.array(py, &p.dtype, &p.shape, p.location, &what, device)?;
+                    list.append((&p.role, array))?;
+                }
+                Ok((&encoding.scheme, config(py, &encoding.params)?, list)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind())
+            }
             Body::Encoded { encoding, parts } => {
                 let encoding = &self.header().encodings[*encoding];
                 let mut stored = Vec::with_capacity(parts.len());
                 for p in parts {
                     let what = format!("{what} part {}", p.role);
                     stored.push(self.bytes(py, p.location, &what)?);
-                }
-                if !decode {
-                    let list = PyList::empty(py);
-                    for (p, bytes) in parts.iter().zip(stored) {
-                        let array = Array::new(p.dtype.clone(), p.shape.clone(), bytes);
-                        list.append((&p.role, array))?;
-                    }
-                    return Ok((&encoding.scheme, config(py, &encoding.params)?, list)
-                        .into_pyobject(py)?
-                        .into_any()
-                        .unbind());
                 }
                 let tensor = decode::Encoded {
                     scheme: &encoding.scheme,
@@ -455,7 +573,8 @@ impl Checkpoint {
                         };
                         failure(code, format!("{what}: {e}"))
                     })?;
-                Ok(Array::new(t.dtype.clone(), t.shape.clone(), out)
+                Ok(self
+                    .place(py, &t.dtype, &t.shape, out, &what, device)?
                     .into_pyobject(py)?
                     .into_any()
                     .unbind())

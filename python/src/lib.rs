@@ -32,6 +32,8 @@ use tensorfs::store::Store;
 
 mod array;
 mod checkpoint;
+#[cfg(feature = "cuda")]
+mod device;
 mod failure;
 
 /// One reader per store root for the life of the process: each blob is proven once.
@@ -176,14 +178,11 @@ fn describe(py: Python<'_>, fd: i32, path: &str) -> PyResult<Option<String>> {
 }
 
 /// A new read-only descriptor of the blob `sha256` (`length` bytes) of the store at `store`,
-/// its bytes proven first: by `stamp` (`[st_dev, st_ino, st_size, mtime ns, ctime ns]`, the
-/// daemon's proof in its whole-file answer) when the blob's own `fstat` matches it, else by
-/// the store's ledger or by hashing. The caller closes it. `what` names the file and tensor in
-/// errors.
+/// its bytes proven first ([`proven_blob`]). The caller closes it. `what` names the file and
+/// tensor in errors.
 ///
 /// # Errors
-/// `OSError`: the store or blob cannot be read (`EACCES`, `ENOENT`), or the blob is damaged
-/// (`EIO`, saying what to run).
+/// As [`proven_blob`].
 #[pyfunction]
 #[pyo3(signature = (store, sha256, length, what, stamp=None))]
 fn open_blob(
@@ -195,22 +194,38 @@ fn open_blob(
     stamp: Option<[i64; 5]>,
 ) -> PyResult<i32> {
     let object = object(sha256, length)?;
+    Ok(proven_blob(py, &store, &object, what, stamp)?.into_raw_fd())
+}
+
+/// The blob of `object` in the store at `store`, its bytes proven: by `stamp` (`[st_dev,
+/// st_ino, st_size, mtime ns, ctime ns]`, the daemon's proof in its whole-file answer) when
+/// the blob's own `fstat` matches it, else by the store's ledger or by hashing (once per
+/// process). `what` names the file and tensor in errors.
+///
+/// # Errors
+/// `OSError`: the store or blob cannot be read (`EACCES`, `ENOENT`), or the blob is damaged
+/// (`EIO`, saying what to run).
+fn proven_blob(
+    py: Python<'_>,
+    store: &Path,
+    object: &ObjectRef,
+    what: &str,
+    stamp: Option<[i64; 5]>,
+) -> PyResult<File> {
     if let Some(stamp) = stamp {
         let path = store.join(object.blob_path());
         if let Ok(file) = File::open(&path) {
             if let Ok(meta) = file.metadata() {
                 let found = tensorfs::store::verified::Stamp::of(&meta).fields();
                 if found.iter().zip(stamp).all(|(&a, b)| a == i128::from(b)) {
-                    return Ok(file.into_raw_fd());
+                    return Ok(file);
                 }
             }
         }
     }
-    let reader = reader(&store)?;
-    let file = py
-        .detach(|| reader.proven_file(&object))
-        .map_err(|e| io_error(what, &e))?;
-    Ok(file.into_raw_fd())
+    let reader = reader(store)?;
+    py.detach(|| reader.proven_file(object))
+        .map_err(|e| io_error(what, &e))
 }
 
 /// The bytes of `extents` (each `(blob sha256 hex, blob length, offset, length)`) of the store
@@ -290,6 +305,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(locate, m)?)?;
     m.add_function(wrap_pyfunction!(open_blob, m)?)?;
     m.add_function(wrap_pyfunction!(read, m)?)?;
+    #[cfg(feature = "cuda")]
+    m.add_function(wrap_pyfunction!(device::to_device, m)?)?;
     Ok(())
 }
 

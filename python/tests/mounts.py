@@ -37,17 +37,14 @@ def tensorfs(store, *args):
 
 
 def unmount(mnt):
-    """Unmounts `mnt`, lazily if a reader still holds it, so no test leaves a mount behind."""
-    subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True)
+    """Unmounts `mnt`, lazily if a reader still holds it, so no test leaves a mount behind;
+    fails, saying why, when it stays."""
+    tries = [subprocess.run([str(BIN), "unmount", str(mnt)], capture_output=True, text=True)]
     if os.path.ismount(mnt):
-        subprocess.run([str(BIN), "unmount", "--lazy", str(mnt)], capture_output=True)
+        tries.append(subprocess.run([str(BIN), "unmount", "--lazy", str(mnt)], capture_output=True, text=True))
+    assert not os.path.ismount(mnt), f"{mnt} is still mounted: " + "; ".join(t.stderr.strip() for t in tries)
 
 
 def status(mnt):
     """The daemon's status of the mount at `mnt` (`user.tensorfs.status`, docs/xattrs.md)."""
-    out = subprocess.run(
-        ["getfattr", "--only-values", "-n", "user.tensorfs.status", str(mnt)],
-        capture_output=True,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(os.getxattr(mnt, "user.tensorfs.status"))

@@ -204,7 +204,8 @@ def test_errors_are_one_family_with_codes(store):
     with pytest.raises(KeyError):
         component.tensors["nope"]
     error(lambda: component.asset("nope"), cozytensors.NotFoundError, "not_found", "nope")
-    error(lambda: component.tensors.read("t.float32", device="cuda"), cozytensors.UnsupportedError, "unsupported")
+    for device in ["tpu", "cuda:x", "cuda:-1", -1, 1.5]:
+        error(lambda: component.tensors.read("t.float32", device=device), cozytensors.InvalidError, "invalid")
     ckpt.close()
     error(lambda: component.tensors.read("t.float32"), cozytensors.InvalidError, "invalid", "closed")
 
