@@ -43,6 +43,7 @@ use crate::layout::{FILE_METADATA, SINGLE_FILE};
 use crate::store::hub::{HubId, HubRevision, TreeEntry};
 use crate::store::{Staged, Store, StoreError};
 use convention::Item;
+pub use single_file::PREDICTION_TYPES;
 
 /// Why an import failed. Nothing was added to the store.
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +163,9 @@ pub struct ImportConfig {
     /// A producer convention (`fs-layout/conventions.json`) declared for every quantized
     /// module, for sources that do not declare their own.
     pub converter: Option<String>,
+    /// What a single-file checkpoint's model predicts (`epsilon` or `v_prediction`, Diffusers'
+    /// scheduler `prediction_type`), for files that do not say (SD 2.x), over their markers.
+    pub prediction_type: Option<String>,
     /// The Hugging Face repo and revision the source is (`--hf-id`); when `None`, a source
     /// that is one hub cache snapshot folder (`…/models--ORG--NAME/snapshots/<commit>`) names
     /// its own. Recorded beside the refs ([`crate::store::hub`]); ids do not change.
@@ -183,6 +187,7 @@ impl Default for ImportConfig {
         ImportConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             converter: None,
+            prediction_type: None,
             hub: None,
             hub_refs: None,
             hub_files: None,
@@ -205,7 +210,11 @@ pub fn import(
 ) -> Result<ImportReport, ImportError> {
     check_name(name)?;
     let source = scan::scan(sources)?;
-    let lanes = model::lanes(&source, config.converter.as_deref())?;
+    let lanes = model::lanes(
+        &source,
+        config.converter.as_deref(),
+        config.prediction_type.as_deref(),
+    )?;
     if lanes
         .iter()
         .all(|l| l.components.iter().all(|c| c.weights.is_empty()))

@@ -340,6 +340,69 @@ fn a_named_converter_takes_one_file_alone() {
 }
 
 #[test]
+fn a_declared_prediction_type_overrides_the_files_and_needs_a_converted_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let sd1 = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    ok(
+        &store,
+        &[
+            "import",
+            sd1.to_str().unwrap(),
+            "--name",
+            "local/v",
+            "--prediction-type",
+            "v_prediction",
+        ],
+    );
+    let out = tmp.path().join("v");
+    ok(
+        &store,
+        &["export", "local/v", out.to_str().unwrap(), "--diffusers"],
+    );
+    let scheduler = json(&out.join("scheduler/scheduler_config.json"));
+    assert_eq!(scheduler["prediction_type"], "v_prediction");
+    // A file that is not converted has no scheduler to declare it for: refused, nothing stored.
+    let plain = write(
+        tmp.path(),
+        "plain.safetensors",
+        &[("x".to_owned(), vec![2])],
+    );
+    let err = fails(
+        &store,
+        &[
+            "import",
+            plain.to_str().unwrap(),
+            "--name",
+            "local/plain",
+            "--prediction-type",
+            "epsilon",
+        ],
+    );
+    assert!(
+        err.contains("--prediction-type epsilon") && err.contains("not a single-file"),
+        "{err}"
+    );
+    let listed = ok(&store, &["ls"]);
+    assert!(!listed.contains("local/plain"), "{listed}");
+    let err = fails(
+        &store,
+        &[
+            "import",
+            sd1.to_str().unwrap(),
+            "--name",
+            "local/x",
+            "--prediction-type",
+            "sample",
+        ],
+    );
+    assert!(
+        err.contains("epsilon") && err.contains("v_prediction"),
+        "{err}"
+    );
+}
+
+#[test]
 fn markers_set_what_the_weights_cannot_tell() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");

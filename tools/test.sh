@@ -25,9 +25,10 @@
 #    tools/e2e/conventions_check.py (producer-quantized checkpoints of tests/data/conventions:
 #    lanes byte-exact, `<lane>@decoded` loaded by Transformers, equal to the producer's reading
 #    where bitsandbytes / compressed-tensors are installed),
-#    tools/e2e/single_file_check.py (a CompVis SD 1.x single file imported as Diffusers
-#    components: the file byte for byte, `<lane>@diffusers` loaded by Diffusers equal to the
-#    folder it was written from, diffusers' from_single_file as oracle, ≤ 2 % added),
+#    tools/e2e/single_file_check.py (CompVis SD 1.x, SD 2.x, SDXL and SDXL refiner single
+#    files imported as Diffusers components: the file byte for byte, `<lane>@diffusers` loaded
+#    by Diffusers equal to the folder it was written from, diffusers' from_single_file as
+#    oracle, ≤ 2 % added),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
 #    exported by `tfs`);
 # 5. a smoke test of the benchmark command: `tools/bench --quick --no-drop-caches` (64 MiB, one

@@ -45,6 +45,16 @@ pub struct Args {
     /// ComfyUI marker). Example: modelopt.nvfp4, comfy.nvfp4, gptq.
     #[arg(long, value_name = "NAME")]
     pub converter: Option<String>,
+    /// What a single-file diffusion checkpoint predicts, for files that do not say (SD 2.x:
+    /// 512-base models predict noise, `epsilon`; 768-v ones velocity, `v_prediction`); it
+    /// overrides the file's own markers.
+    #[arg(
+        long,
+        value_name = "TYPE",
+        conflicts_with = "hf_cache",
+        value_parser = clap::builder::PossibleValuesParser::new(crate::import::PREDICTION_TYPES)
+    )]
+    pub prediction_type: Option<String>,
     /// The Hugging Face repo the source is, and its revision (a 40-hex commit), recorded so the
     /// hub cache view can show it under that id. A hub cache snapshot folder
     /// (…/models--ORG--NAME/snapshots/COMMIT) names its own.
@@ -125,6 +135,7 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
         config.threads = threads.max(1);
     }
     config.converter = args.converter.clone();
+    config.prediction_type = args.prediction_type.clone();
     config.hub = args.hf_id.clone();
     config.cancel = Some(&STOP);
     let progress = Bar::on_terminal("writing chunks");

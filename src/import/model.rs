@@ -45,6 +45,7 @@ struct Folder {
 pub(crate) fn lanes(
     source: &Source,
     converter: Option<&str>,
+    prediction: Option<&str>,
 ) -> Result<Vec<LaneModel>, ImportError> {
     let variants = scan::variants(&source.files);
     let mut lanes = Vec::new();
@@ -56,10 +57,10 @@ pub(crate) fn lanes(
         ) || (source.kind == Kind::Files && scan::is_gguf(p))
     });
     if has_default || variants.is_empty() {
-        lanes.push(lane(source, None, converter)?);
+        lanes.push(lane(source, None, converter, prediction)?);
     }
     for v in &variants {
-        lanes.push(lane(source, Some(v), converter)?);
+        lanes.push(lane(source, Some(v), converter, prediction)?);
     }
     let mut taken = BTreeSet::new();
     for (i, l) in lanes.iter_mut().enumerate() {
@@ -85,6 +86,7 @@ fn lane(
     source: &Source,
     variant: Option<&str>,
     converter: Option<&str>,
+    prediction: Option<&str>,
 ) -> Result<LaneModel, ImportError> {
     let mut model = LaneModel {
         lane: String::new(),
@@ -282,7 +284,14 @@ fn lane(
                 c.name
             )))
         }
-        _ if single => super::single_file::apply(&mut model, converter)?,
+        _ if single => super::single_file::apply(&mut model, converter, prediction)?,
+        _ if prediction.is_some() => {
+            return Err(ImportError::Usage(
+                "--prediction-type declares what a single-file checkpoint predicts; import the \
+                 file alone"
+                    .into(),
+            ))
+        }
         _ => {}
     }
     resolve_versions(&mut model);

@@ -204,7 +204,11 @@ type Pattern = Vec<PSeg>;
 #[derive(Debug)]
 enum PSeg {
     Lit(String),
+    /// `{x}`: an index, captured as `x`.
     Int(String),
+    /// `{expr}` (with an operator): the index the expression's value is (`{L-1}`, a list's
+    /// last module), over the keymap's vars.
+    Value(Expr),
     Rest,
 }
 
@@ -271,10 +275,58 @@ fn parse_table(text: &str) -> Result<Table, String> {
     }
     Ok(Table {
         keymaps,
-        families: raw.families,
+        families: resolve_families(&raw.families)?,
         markers: raw.markers,
         converters: raw.converters,
     })
+}
+
+/// The families with each `base` resolved: a family is its base's entries, each of its own
+/// replacing the base's (`null` removing it).
+///
+/// # Errors
+/// A family names a base that is no family, or bases form a cycle.
+fn resolve_families(
+    raw: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, serde_json::Value>, String> {
+    use serde_json::Value as J;
+    fn resolve(
+        raw: &BTreeMap<String, J>,
+        name: &str,
+        seen: &mut Vec<String>,
+    ) -> Result<serde_json::Map<String, J>, String> {
+        if seen.iter().any(|s| s == name) {
+            return Err(format!("family bases form a cycle: {}", seen.join(" → ")));
+        }
+        seen.push(name.to_owned());
+        let Some(J::Object(own)) = raw.get(name) else {
+            return Err(format!("no family {name:?}"));
+        };
+        let mut out = match own.get("base").and_then(J::as_str) {
+            Some(base) => resolve(raw, base, seen)?,
+            None => serde_json::Map::new(),
+        };
+        for (k, v) in own {
+            match v {
+                _ if k == "base" => {}
+                J::Null => {
+                    out.remove(k);
+                }
+                v => {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+    raw.keys()
+        .map(|name| {
+            Ok((
+                name.clone(),
+                J::Object(resolve(raw, name, &mut Vec::new())?),
+            ))
+        })
+        .collect()
 }
 
 fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
@@ -329,11 +381,12 @@ fn parse_pattern(text: &str) -> Result<Pattern, String> {
             "*" if i + 1 == segments.len() => PSeg::Rest,
             "*" => return Err(format!("{text:?}: * must be the last segment")),
             s if s.starts_with('{') && s.ends_with('}') => {
-                let name = &s[1..s.len() - 1];
-                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphabetic()) {
-                    return Err(format!("{text:?}: a capture is {{letters}}"));
+                let inner = &s[1..s.len() - 1];
+                if !inner.is_empty() && inner.chars().all(|c| c.is_ascii_alphabetic()) {
+                    PSeg::Int(inner.to_owned())
+                } else {
+                    PSeg::Value(parse_expr(inner).map_err(|why| format!("{text:?}: {why}"))?)
                 }
-                PSeg::Int(name.to_owned())
             }
             s => PSeg::Lit(s.to_owned()),
         });
@@ -440,8 +493,9 @@ impl Expr {
 /// A pattern's captures (name, value) and the rest a final `*` took.
 type Match = (Vec<(String, i64)>, Option<String>);
 
-/// Matches `key`'s segments against `pattern`: the captures, and the rest for a final `*`.
-fn matches(pattern: &Pattern, key: &[&str]) -> Option<Match> {
+/// Matches `key`'s segments against `pattern`, whose computed indices see `vars`: the
+/// captures, and the rest for a final `*`.
+fn matches(pattern: &Pattern, key: &[&str], vars: &HashMap<String, i64>) -> Option<Match> {
     let mut captures = Vec::new();
     for (i, p) in pattern.iter().enumerate() {
         match p {
@@ -456,20 +510,23 @@ fn matches(pattern: &Pattern, key: &[&str]) -> Option<Match> {
                     return None;
                 }
             }
-            // An index as Python writes one: digits, no leading zero.
-            PSeg::Int(name) => {
-                let s = key.get(i)?;
-                if s.is_empty()
-                    || !s.bytes().all(|b| b.is_ascii_digit())
-                    || (s.len() > 1 && s.starts_with('0'))
-                {
+            PSeg::Int(name) => captures.push((name.clone(), index(key.get(i)?)?)),
+            PSeg::Value(expr) => {
+                if index(key.get(i)?)? != expr.eval(vars)? {
                     return None;
                 }
-                captures.push((name.clone(), s.parse().ok()?));
             }
         }
     }
     (pattern.len() == key.len()).then_some((captures, None))
+}
+
+/// An index as Python writes one: digits, no leading zero.
+fn index(segment: &str) -> Option<i64> {
+    let plain = !segment.is_empty()
+        && segment.bytes().all(|b| b.is_ascii_digit())
+        && !(segment.len() > 1 && segment.starts_with('0'));
+    plain.then(|| segment.parse().ok()).flatten()
 }
 
 /// What a keymap makes of one key.
@@ -487,7 +544,7 @@ impl Table {
         let keymap = &self.keymaps[name];
         let segments: Vec<&str> = key.split('.').collect();
         for rule in &keymap.rules {
-            let Some((captures, rest)) = matches(&rule.from, &segments) else {
+            let Some((captures, rest)) = matches(&rule.from, &segments, vars) else {
                 continue;
             };
             let mut env = vars.clone();
@@ -536,10 +593,10 @@ impl Table {
     }
 
     /// The indices the rule that takes `key` captures, each with the key's segments before it.
-    fn indexed(&self, name: &str, key: &str) -> Vec<(String, i64)> {
+    fn indexed(&self, name: &str, key: &str, vars: &HashMap<String, i64>) -> Vec<(String, i64)> {
         let segments: Vec<&str> = key.split('.').collect();
         for rule in &self.keymaps[name].rules {
-            if let Some((captures, _)) = matches(&rule.from, &segments) {
+            if let Some((captures, _)) = matches(&rule.from, &segments, vars) {
                 let places = rule
                     .from
                     .iter()
@@ -561,7 +618,7 @@ impl Table {
             let mut values = BTreeSet::new();
             for key in keys {
                 let segments: Vec<&str> = key.split('.').collect();
-                if let Some((captures, _)) = matches(pattern, &segments) {
+                if let Some((captures, _)) = matches(pattern, &segments, &HashMap::new()) {
                     if let Some((_, v)) = captures.first() {
                         values.insert(*v);
                     }
@@ -826,7 +883,7 @@ fn convert<'t>(
         }
         let indexed: Vec<(String, i64)> = mine
             .iter()
-            .flat_map(|&i| table.indexed(&rule.keymap, &arrays[i].key[rule.prefix.len()..]))
+            .flat_map(|&i| table.indexed(&rule.keymap, &arrays[i].key[rule.prefix.len()..], &vars))
             .collect();
         if let Some(why) = gap(&indexed) {
             return Err(format!("{}: {}{why}", rule.name, rule.prefix));
@@ -854,6 +911,9 @@ fn convert<'t>(
 #[cfg(test)]
 mod tests;
 
+/// The values to declare with `--prediction-type` (Diffusers' scheduler `prediction_type`).
+pub const PREDICTION_TYPES: [&str; 2] = ["epsilon", "v_prediction"];
+
 /// Converts a lane holding one safetensors file (`model`'s only component) into the
 /// Diffusers components the table recognises it as, in place: each converted component's
 /// tensors as Diffusers writes them (dtype descending, then name, the order a Diffusers
@@ -862,12 +922,16 @@ mod tests;
 /// component keeps the arrays Diffusers does not load, and the recipe re-creates the file
 /// from all of them. A file no converter takes (or a quantized one, not converted yet) is
 /// left as it is; one a converter takes but cannot convert is too, with a warning.
+/// `prediction` (`--prediction-type`) is what the model predicts, over the file's markers.
 ///
 /// # Errors
-/// Two converters match and `--converter` names none; the named one cannot convert the file.
+/// Two converters match and `--converter` names none; the named one cannot convert the file;
+/// the family's files do not say what they predict and `prediction` is `None`; `prediction`
+/// is given for a file that is not converted.
 pub(crate) fn apply(
     model: &mut super::lane::LaneModel,
     converter: Option<&str>,
+    prediction: Option<&str>,
 ) -> Result<(), super::ImportError> {
     use super::convention::Item;
     use super::ImportError;
@@ -903,9 +967,20 @@ pub(crate) fn apply(
         let warning = format!("{lane_path}: not converted to Diffusers components: {why}");
         model.warnings.push(warning);
     };
+    let declared_for_nothing = || {
+        prediction.map(|p| {
+            fail(format!(
+                "--prediction-type {p}: the file is not a single-file checkpoint that is \
+                 converted to Diffusers components"
+            ))
+        })
+    };
     let conversion = match recognise(table(), &arrays, named).map_err(fail)? {
-        Outcome::Unknown => return Ok(()),
+        Outcome::Unknown => return declared_for_nothing().map_or(Ok(()), Err),
         Outcome::Unconverted(why) => {
+            if let Some(e) = declared_for_nothing() {
+                return Err(e);
+            }
             unconverted(model, why);
             return Ok(());
         }
@@ -915,7 +990,12 @@ pub(crate) fn apply(
         .file_metadata
         .get(&c.name)
         .map_or(&[][..], Vec::as_slice);
-    let built = match build(&conversion, c, &path, metadata) {
+    let family = &table().families[&conversion.converter.family];
+    let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
+    let mut marked = table().marked(&keys, metadata);
+    decide(family, &mut marked, prediction)
+        .map_err(|why| fail(format!("{}: {why}", conversion.converter.name)))?;
+    let built = match build(&conversion, c, &path, &marked) {
         Ok(built) => built,
         Err(why) => {
             let why = format!("{}: {why}", conversion.converter.name);
@@ -978,8 +1058,67 @@ struct Built {
     pipeline: Option<crate::format::Pipeline>,
 }
 
-/// Builds `conversion` of component `c` (the file at `path`, whose `__metadata__` is
-/// `metadata`).
+/// Config values by component, as markers and declarations set them.
+type Marked = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
+
+/// Adds what the user declared to `marked` (the file's markers' values): `prediction` sets
+/// the scheduler's `prediction_type`, over a marker's. A family whose files do not say what
+/// they predict (SD 2.x: 512-base models predict noise, 768-v ones velocity) lists each
+/// prediction type's values under `prediction_types` (sample sizes, …), which are added too;
+/// when neither a marker nor `prediction` says which, the import asks for the flag.
+///
+/// # Errors
+/// The family needs a prediction type and none is marked or declared, or the one given is
+/// not among the family's.
+fn decide(
+    family: &serde_json::Value,
+    marked: &mut Marked,
+    prediction: Option<&str>,
+) -> Result<(), String> {
+    if let Some(p) = prediction {
+        marked
+            .entry("scheduler".into())
+            .or_default()
+            .insert("prediction_type".into(), p.into());
+    }
+    let Some(serde_json::Value::Object(choices)) = family.get("prediction_types") else {
+        return Ok(());
+    };
+    let names: Vec<&str> = choices.keys().map(String::as_str).collect();
+    let chosen = marked
+        .get("scheduler")
+        .and_then(|s| s.get("prediction_type"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned);
+    let Some(chosen) = chosen else {
+        let why = family
+            .get("prediction_unknown")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("its files do not say what the model predicts");
+        return Err(format!(
+            "{why}; declare it with --prediction-type {}",
+            names.join("|")
+        ));
+    };
+    let Some(serde_json::Value::Object(values)) = choices.get(&chosen) else {
+        return Err(format!(
+            "prediction type {chosen:?} is not one of this family's ({})",
+            names.join(", ")
+        ));
+    };
+    for (component, values) in values {
+        if let serde_json::Value::Object(values) = values {
+            let entry = marked.entry(component.clone()).or_default();
+            for (k, v) in values {
+                entry.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds `conversion` of component `c` (the file at `path`), with the config values `marked`
+/// sets (the file's markers, the user's declarations).
 ///
 /// # Errors
 /// A config cannot be derived, or a transposed array cannot be read.
@@ -987,15 +1126,13 @@ fn build(
     conversion: &Conversion<'_>,
     c: &super::lane::ComponentModel,
     path: &std::path::Path,
-    metadata: &[(String, String)],
+    marked: &Marked,
 ) -> Result<Built, String> {
     use super::lane::{Asset, ComponentModel};
     use crate::format::Pipeline;
 
     let converter = conversion.converter;
     let family = &table().families[&converter.family];
-    let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
-    let marked = table().marked(&keys, metadata);
     let no_values = serde_json::Map::new();
     let marked_for = |name: &str| marked.get(name).unwrap_or(&no_values);
     let dtype = main_dtype(&c.tensors);

@@ -20,12 +20,17 @@
    - `from_single_file(<mounted file>, config=<lane>@diffusers)` loads the same tensors;
    - one inference step from `<lane>@diffusers` equals one from the folder.
    The same for a small SDXL (two text encoders, the second in OpenCLIP's layout: a fused
-   q/k/v stored as its three row ranges, `text_projection` transposed).
+   q/k/v stored as its three row ranges, `text_projection` transposed), a small SDXL refiner
+   (OpenCLIP-G alone, aesthetic-score time embeddings: StableDiffusionXLImg2ImgPipeline) and a
+   small SD 2.x (OpenCLIP-H in the file's layout with one layer more than the model uses, as
+   SD 2.x conditions on the penultimate layer; linear projections; v-prediction, which the
+   import is told with --prediction-type after it refused the file without it).
 
 Prints PASS/FAIL lines and a closing `RESULT:` line; exits 0 only when every check passed.
 """
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -121,6 +126,71 @@ def build_sdxl(folder, scratch):
     pipe = StableDiffusionXLPipeline(vae=vae.eval(), text_encoder=text_encoder.eval(),
                                      text_encoder_2=text_encoder_2.eval(), tokenizer=tokenizer,
                                      tokenizer_2=tokenizer_2, unet=unet.eval(), scheduler=scheduler)
+    save(pipe, folder, scratch)
+    return pipe
+
+
+def build_refiner(folder, scratch):
+    """A small SDXL refiner: one OpenCLIP-G-like text encoder (Diffusers' text_encoder_2), the
+    aesthetic score among the time embeddings."""
+    import torch
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
+
+    vocab, merges = clip_tokenizer_files(scratch / "tok")
+    tokenizer_2 = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77, pad_token="!")
+    torch.manual_seed(1)
+    unet = UNet2DConditionModel(
+        block_out_channels=(64, 128), layers_per_block=2, sample_size=128, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=128, attention_head_dim=(1, 2), use_linear_projection=True,
+        transformer_layers_per_block=(1, 2), addition_embed_type="text_time", addition_time_embed_dim=256,
+        projection_class_embeddings_input_dim=96 + 5 * 256, norm_num_groups=32)
+    vae = tiny_vae(sample_size=1024, scaling_factor=0.13025, force_upcast=True)
+    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, vocab_size=49408,
+        max_position_embeddings=77, hidden_act="gelu", projection_dim=96, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1))
+    perturb(unet, vae, text_encoder_2)
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                       steps_offset=1, timestep_spacing="leading")
+    pipe = StableDiffusionXLImg2ImgPipeline(
+        vae=vae.eval(), text_encoder=None, text_encoder_2=text_encoder_2.eval(), tokenizer=None,
+        tokenizer_2=tokenizer_2, unet=unet.eval(), scheduler=scheduler, requires_aesthetics_score=True,
+        force_zeros_for_empty_prompt=False)
+    save(pipe, folder, scratch)
+    return pipe
+
+
+def build_sd2(folder, scratch):
+    """A small SD 2.x (768-v): an OpenCLIP-H-like text encoder, 64-wide heads, linear
+    projections, DDIM predicting velocity."""
+    import torch
+    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    vocab, merges = clip_tokenizer_files(scratch / "tok")
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77, pad_token="!")
+    torch.manual_seed(2)
+    unet = UNet2DConditionModel(
+        block_out_channels=(64, 128), layers_per_block=2, sample_size=96, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=128, attention_head_dim=(1, 2), use_linear_projection=True,
+        upcast_attention=True, norm_num_groups=32)
+    vae = tiny_vae(sample_size=768)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, vocab_size=49408,
+        max_position_embeddings=77, hidden_act="gelu", projection_dim=512, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1))
+    perturb(unet, vae, text_encoder)
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              clip_sample=False, set_alpha_to_one=False, steps_offset=1,
+                              prediction_type="v_prediction")
+    pipe = StableDiffusionPipeline(vae=vae.eval(), text_encoder=text_encoder.eval(), tokenizer=tokenizer,
+                                   unet=unet.eval(), scheduler=scheduler, safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
     save(pipe, folder, scratch)
     return pipe
 
@@ -244,15 +314,20 @@ OPEN_CLIP = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "mlp.fc1": "mlp.c_fc"
              "self_attn.out_proj": "attn.out_proj"}
 
 
-def open_clip(prefix, model):
-    """A CLIPTextModelWithProjection's tensors in OpenCLIP's layout: fused in_proj, the
-    projection as `x @ P`, `logit_scale`."""
+def open_clip(prefix, model, unused_layer=False):
+    """A CLIPTextModel(WithProjection)'s tensors in OpenCLIP's layout: fused in_proj, the
+    projection as `x @ P`, `logit_scale`. `unused_layer`: as SD 2.x files hold OpenCLIP-H, one
+    layer more than the model uses (a copy of its last, perturbed) and a projection it does not
+    use."""
     import torch
 
     sd = {k.removeprefix("text_model."): t for k, t in model.state_dict().items()}
+    hidden = model.config.hidden_size
+    projection = sd.pop("text_projection.weight").T.contiguous() if "text_projection.weight" in sd \
+        else torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(5))
     out = {"token_embedding.weight": sd.pop("embeddings.token_embedding.weight"),
            "positional_embedding": sd.pop("embeddings.position_embedding.weight"),
-           "text_projection": sd.pop("text_projection.weight").T.contiguous(),
+           "text_projection": projection,
            "logit_scale": torch.tensor(4.6052)}
     for k in [k for k in sd if k.startswith("final_layer_norm.")]:
         out["ln_final." + k.split(".")[-1]] = sd.pop(k)
@@ -266,6 +341,10 @@ def open_clip(prefix, model):
             name, _, kind = rest.rpartition(".")
             out[f"transformer.resblocks.{i}.{OPEN_CLIP[name]}.{kind}"] = sd.pop(k)
     assert not sd, f"unmapped: {list(sd)}"
+    if unused_layer:
+        last, extra = model.config.num_hidden_layers - 1, model.config.num_hidden_layers
+        for k in [k for k in out if k.startswith(f"transformer.resblocks.{last}.")]:
+            out[k.replace(f".{last}.", f".{extra}.", 1)] = out[k] + 0.01
     return {prefix + k: t for k, t in out.items()}
 
 
@@ -279,6 +358,11 @@ def single_file(pipe, path, family):
         sd.update(hf_clip("cond_stage_model.transformer.", pipe.text_encoder))
         sd["cond_stage_model.transformer.text_model.embeddings.position_ids"] = torch.arange(77).reshape(1, 77)
         sd["alphas_cumprod"] = pipe.scheduler.alphas_cumprod.to(torch.float32)
+    elif family == "sd2":
+        sd.update(open_clip("cond_stage_model.model.", pipe.text_encoder, unused_layer=True))
+        sd["alphas_cumprod"] = pipe.scheduler.alphas_cumprod.to(torch.float32)
+    elif family == "refiner":
+        sd.update(open_clip("conditioner.embedders.0.model.", pipe.text_encoder_2))
     else:
         sd.update(hf_clip("conditioner.embedders.0.transformer.", pipe.text_encoder))
         sd.update(open_clip("conditioner.embedders.1.model.", pipe.text_encoder_2))
@@ -308,11 +392,18 @@ def same_tensors(a, b):
 
 
 def one_step(pipe):
+    """One denoising step's latents (an image-to-image pipeline: two steps of four at strength
+    0.5, from a fixed image)."""
     import torch
 
-    out = pipe("a photo of a cat", num_inference_steps=1, height=32, width=32, output_type="latent",
-               generator=torch.Generator().manual_seed(0), guidance_scale=7.5)
-    return out.images
+    args = dict(num_inference_steps=1, output_type="latent", generator=torch.Generator().manual_seed(0),
+                guidance_scale=7.5)
+    if "image" in inspect.signature(pipe.__call__).parameters:
+        image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+        args.update(image=image, num_inference_steps=4, strength=0.5)
+    else:
+        args.update(height=32, width=32)
+    return pipe("a photo of a cat", **args).images
 
 
 def check_mounted(report, mnt, family, pipe, folder, file, cls, lane):
@@ -364,7 +455,7 @@ def check_mounted(report, mnt, family, pipe, folder, file, cls, lane):
     bad = same_tensors(want, state_dicts(again))
     report.check(not bad, f"{family}: from_single_file(mounted file, config=@diffusers) equals the folder",
                  ", ".join(bad[:5]))
-    ids = loaded.tokenizer("a photo of a cat").input_ids
+    ids = (loaded.tokenizer or loaded.tokenizer_2)("a photo of a cat").input_ids
     report.check(ids == CLIP_CAT, f"{family}: the bundled CLIP tokenizer gives CLIP's ids", str(ids))
     # The folder as a loader loads it (a pipeline built in memory may attend another way).
     a, b = one_step(DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)), one_step(loaded)
@@ -381,7 +472,7 @@ def main():
     args = ap.parse_args()
     common.exit_on_signals()
     common.quiet()
-    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
 
     report = common.Report(TOOL)
     work = args.work
@@ -396,8 +487,11 @@ def main():
         return p.stdout
 
     families = {}
-    for family, build, cls in (("sd1", build_sd1, StableDiffusionPipeline),
-                               ("sdxl", build_sdxl, StableDiffusionXLPipeline)):
+    for family, build, cls, declared in (("sd1", build_sd1, StableDiffusionPipeline, []),
+                                         ("sdxl", build_sdxl, StableDiffusionXLPipeline, []),
+                                         ("refiner", build_refiner, StableDiffusionXLImg2ImgPipeline, []),
+                                         ("sd2", build_sd2, StableDiffusionPipeline,
+                                          ["--prediction-type", "v_prediction"])):
         folder, file = work / f"{family}-folder", work / f"{family}_tiny.safetensors"
         pipe = build(folder, work)
         single_file(pipe, file, family)
@@ -405,7 +499,15 @@ def main():
         bad = same_tensors(state_dicts(pipe), state_dicts(oracle))
         report.check(not bad, f"{family}: diffusers reads the written single file as the folder", ", ".join(bad[:5]))
         tensorfs("import", folder, "--name", f"local/{family}", "--json")
-        said = json.loads(tensorfs("import", file, "--name", f"local/{family}-single", "--json"))
+        if declared:
+            # Nothing in the file says what it predicts: the import asks, and stores nothing.
+            before = tensorfs("ls", "--json")
+            p = subprocess.run([str(args.tensorfs), "--store", str(store), "import", str(file), "--name",
+                                f"local/{family}-single"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            report.check(p.returncode != 0 and declared[0] in p.stderr and tensorfs("ls", "--json") == before,
+                         f"{family}: without {declared[0]} the import asks for it and stores nothing",
+                         p.stderr.strip()[-300:])
+        said = json.loads(tensorfs("import", file, "--name", f"local/{family}-single", "--json", *declared))
         added = said["new_bytes"] / file.stat().st_size
         report.check(added <= 0.02, f"{family}: the single file adds at most 2 % to the folder's store",
                      f"{said['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")

@@ -42,7 +42,7 @@ fn expressions_follow_integer_arithmetic() {
 #[test]
 fn patterns_bind_digits_and_the_rest() {
     let p = parse_pattern("input_blocks.{i}.0.*").unwrap();
-    let m = |k: &str| matches(&p, &k.split('.').collect::<Vec<_>>());
+    let m = |k: &str| matches(&p, &k.split('.').collect::<Vec<_>>(), &HashMap::new());
     let (captures, rest) = m("input_blocks.4.0.in_layers.0.weight").unwrap();
     assert_eq!(captures, vec![("i".to_owned(), 4)]);
     assert_eq!(rest.as_deref(), Some("in_layers.0.weight"));
@@ -52,6 +52,178 @@ fn patterns_bind_digits_and_the_rest() {
         "* takes at least one segment"
     );
     assert!(parse_pattern("a.*.b").is_err());
+}
+
+#[test]
+fn a_computed_index_matches_only_its_value() {
+    let p = parse_pattern("resblocks.{L-1}.*").unwrap();
+    let vars: HashMap<String, i64> = [("L".to_owned(), 24)].into();
+    let m =
+        |k: &str, vars: &HashMap<String, i64>| matches(&p, &k.split('.').collect::<Vec<_>>(), vars);
+    assert_eq!(
+        m("resblocks.23.ln_1.weight", &vars),
+        Some((vec![], Some("ln_1.weight".into())))
+    );
+    assert!(m("resblocks.22.ln_1.weight", &vars).is_none());
+    assert!(
+        m("resblocks.023.ln_1.weight", &vars).is_none(),
+        "as Python writes an index"
+    );
+    assert!(
+        m("resblocks.23.ln_1.weight", &HashMap::new()).is_none(),
+        "L unbound"
+    );
+    assert!(parse_pattern("resblocks.{L-}.*").is_err());
+}
+
+#[test]
+fn a_family_is_its_base_with_its_own_entries_over_it() {
+    let t = table();
+    let refiner = &t.families["sdxl_refiner"];
+    let sdxl = &t.families["sdxl"];
+    assert_eq!(refiner["scheduler"], sdxl["scheduler"]);
+    assert_eq!(refiner["unet"], sdxl["unet"]);
+    assert!(
+        refiner.get("tokenizer").is_none() && refiner.get("text_encoder").is_none(),
+        "null removes"
+    );
+    assert!(refiner.get("base").is_none());
+    assert_eq!(refiner["pipeline"]["requires_aesthetics_score"], true);
+    let cycle = r#"{"about": "", "keymaps": {}, "markers": [], "converters": [],
+        "families": {"a": {"base": "b"}, "b": {"base": "a"}}}"#;
+    let Err(err) = parse_table(cycle) else {
+        panic!("a cycle of bases parsed");
+    };
+    assert!(err.contains("cycle"), "{err}");
+}
+
+/// The OpenCLIP text encoder of an SD 2.x file, `layers` deep, as `cond_stage_model.model.`
+/// keys (hidden width 8).
+fn sd2_text_encoder(layers: usize) -> Vec<(String, Vec<u64>)> {
+    let t = "cond_stage_model.model.";
+    let mut k = vec![
+        (format!("{t}token_embedding.weight"), vec![49408, 8]),
+        (format!("{t}positional_embedding"), vec![77, 8]),
+        (format!("{t}text_projection"), vec![8, 8]),
+        (format!("{t}logit_scale"), vec![]),
+        (format!("{t}ln_final.weight"), vec![8]),
+    ];
+    for i in 0..layers {
+        let r = format!("{t}transformer.resblocks.{i}.");
+        k.push((format!("{r}attn.in_proj_weight"), vec![24, 8]));
+        k.push((format!("{r}ln_1.weight"), vec![8]));
+        k.push((format!("{r}mlp.c_fc.weight"), vec![32, 8]));
+    }
+    k
+}
+
+#[test]
+fn an_sd2_file_leaves_its_text_encoders_last_layer_and_projection_in_the_file() {
+    let mut owned: Vec<(String, Vec<u64>)> = sd1_like()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("cond_stage_model."))
+        .collect();
+    owned.extend(sd2_text_encoder(3));
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sd2.single_file");
+    let text = c
+        .components
+        .iter()
+        .find(|x| x.rule.name == "text_encoder")
+        .unwrap();
+    let layers: BTreeSet<&str> = text
+        .tensors
+        .iter()
+        .filter_map(|r| r.key.strip_prefix("text_model.encoder.layers."))
+        .filter_map(|k| k.split('.').next())
+        .collect();
+    assert_eq!(
+        layers,
+        ["0", "1"].into(),
+        "the penultimate layer's output: layer 2 is unused"
+    );
+    assert!(text
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_model.encoder.layers.1.layer_norm1.weight"));
+    let kept: Vec<&str> = c.kept.iter().map(|&i| owned[i].0.as_str()).collect();
+    for k in [
+        "text_projection",
+        "logit_scale",
+        "transformer.resblocks.2.ln_1.weight",
+    ] {
+        assert!(
+            kept.contains(&format!("cond_stage_model.model.{k}").as_str()),
+            "{k}: {kept:?}"
+        );
+    }
+}
+
+#[test]
+fn an_sd2_file_needs_its_prediction_type_declared_or_marked() {
+    let t = table();
+    let family = &t.families["sd2"];
+    let mut marked = Marked::new();
+    let err = decide(family, &mut marked, None).unwrap_err();
+    assert!(
+        err.contains("--prediction-type epsilon|v_prediction"),
+        "{err}"
+    );
+    decide(family, &mut marked, Some("v_prediction")).unwrap();
+    assert_eq!(marked["scheduler"]["prediction_type"], "v_prediction");
+    assert_eq!(marked["unet"]["sample_size"], 96);
+    assert_eq!(marked["vae"]["sample_size"], 768);
+    // A file's marker answers too (`v_pred`, modelspec.prediction_type), and the flag
+    // overrides it.
+    let mut marked = Marked::new();
+    marked
+        .entry("scheduler".into())
+        .or_default()
+        .insert("prediction_type".into(), "epsilon".into());
+    decide(family, &mut marked, None).unwrap();
+    assert_eq!(marked["unet"]["sample_size"], 64);
+    decide(family, &mut marked, Some("v_prediction")).unwrap();
+    assert_eq!(marked["scheduler"]["prediction_type"], "v_prediction");
+    // A family that knows what its files predict takes the flag as a scheduler value.
+    let mut marked = Marked::new();
+    decide(&t.families["sd1"], &mut marked, Some("v_prediction")).unwrap();
+    assert_eq!(marked["scheduler"]["prediction_type"], "v_prediction");
+    assert!(!marked.contains_key("unet"));
+}
+
+#[test]
+fn an_sdxl_refiner_file_is_its_own_converters() {
+    let mut owned: Vec<(String, Vec<u64>)> = sd1_like()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("cond_stage_model."))
+        .collect();
+    owned.push((
+        "model.diffusion_model.label_emb.0.0.weight".into(),
+        vec![128, 2560],
+    ));
+    for (k, shape) in sd2_text_encoder(2) {
+        let k = k.replace("cond_stage_model.model.", "conditioner.embedders.0.model.");
+        owned.push((k, shape));
+    }
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sdxl_refiner.single_file");
+    let names: Vec<&str> = c.components.iter().map(|x| x.rule.name.as_str()).collect();
+    assert_eq!(names, ["text_encoder_2", "unet", "vae"]);
+    let text = &c.components[0];
+    assert!(text
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_projection.weight" && r.transposed));
+    assert!(text
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_model.encoder.layers.1.mlp.fc1.weight"));
 }
 
 /// A UNet with two resnets per level, attention in the second of three levels, a mid block,
