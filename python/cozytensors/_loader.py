@@ -414,7 +414,9 @@ class safe_open:
         what = f"{self._path}: tensor {name!r}"
         extents, store = self._extents(name, begin, end)
         if len(extents) == 1 and self._backend == "mmap":
-            sha, blob_length, offset, _length, _, stamp = extents[0]
+            sha, blob_length, offset, length, _, stamp = extents[0]
+            # Cold, the mapping would be read fault by fault: ask for the range at once.
+            _native.will_need(store, sha, blob_length, offset, length)
             with self._maps_lock:
                 mapping = self._maps.get(sha)
                 if mapping is None:

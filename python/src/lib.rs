@@ -228,6 +228,37 @@ fn proven_blob(
         .map_err(|e| io_error(what, &e))
 }
 
+/// Starts reading bytes `offset..offset + length` of the blob `sha256` (`blob_length` bytes)
+/// of the store at `store` into the page cache when they are not there yet, and returns at
+/// once: a hint before a mapping of them is read, so a cold tensor is read in large requests
+/// the disk serves together instead of fault by fault, the read-ahead window starting small in
+/// every blob. Whether they are cached is asked of one byte (a read that may not wait), so a
+/// warm load pays a microsecond, not a walk of the range. Failures are ignored: it is a hint.
+#[pyfunction]
+fn will_need(store: PathBuf, sha256: &str, blob_length: u64, offset: u64, length: u64) {
+    let Ok(object) = object(sha256, blob_length) else {
+        return;
+    };
+    let Ok(file) = File::open(store.join(object.blob_path())) else {
+        return;
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let mut byte = 0u8;
+    let iov = libc::iovec {
+        iov_base: (&mut byte as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let (Ok(at), Ok(len)) = (i64::try_from(offset), i64::try_from(length)) else {
+        return;
+    };
+    // SAFETY: one iovec over `byte`, which outlives the call; `fd` is open.
+    let cached = unsafe { libc::preadv2(fd, &iov, 1, at, libc::RWF_NOWAIT) } == 1;
+    if !cached {
+        // SAFETY: a hint on an open descriptor; no memory is passed.
+        unsafe { libc::posix_fadvise(fd, at, len, libc::POSIX_FADV_WILLNEED) };
+    }
+}
+
 /// The bytes of `extents` (each `(blob sha256 hex, blob length, offset, length)`) of the store
 /// at `store`, concatenated into a new `bytearray` of `length` bytes: blobs proven first, and
 /// proven again when one changed while it was read. `what` names the file and tensor in errors.
@@ -305,6 +336,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(locate, m)?)?;
     m.add_function(wrap_pyfunction!(open_blob, m)?)?;
     m.add_function(wrap_pyfunction!(read, m)?)?;
+    m.add_function(wrap_pyfunction!(will_need, m)?)?;
     #[cfg(feature = "cuda")]
     m.add_function(wrap_pyfunction!(device::to_device, m)?)?;
     Ok(())

@@ -266,6 +266,24 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
         unmount(mnt)
 
 
+def test_a_cold_tensor_is_read_ahead_and_the_hint_never_fails(mounted):
+    """A tensor whose blob pages are not cached is asked of the disk at once (will_need): the
+    values are safetensors', and a hint for an absent or unreadable blob is no error."""
+    file = mounted["file"]
+    (sha, length, offset, size, _), = _locate(file, "layer.0.weight")["parts"][0]["extents"]
+    blob = mounted["store"] / "blobs" / sha[:2] / sha[2:4] / sha
+    fd = os.open(blob, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    with cozytensors.safe_open(file, framework="pt") as ours, safetensors.safe_open(
+        mounted["source"], framework="pt"
+    ) as theirs:
+        assert same(ours.get_tensor("layer.0.weight"), theirs.get_tensor("layer.0.weight"))
+    _native.will_need(str(mounted["store"]), "00" * 32, 1, 0, 1)
+    _native.will_need(str(mounted["store"]), "not hex", 1, 0, 1)
+    _native.will_need(str(mounted["store"]), sha, length, offset + size, 1 << 40)
+
+
 def test_one_whole_file_query_serves_every_tensor(mounted, monkeypatch):
     """ABI 2: the daemon's one answer at open locates every tensor; no query per tensor."""
     fd = os.open(mounted["file"], os.O_RDONLY)
