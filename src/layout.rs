@@ -18,6 +18,7 @@
 pub mod attrs;
 mod canonical;
 pub mod comfyui;
+pub(crate) mod convert;
 pub mod decoded;
 mod plan;
 pub mod recipe;

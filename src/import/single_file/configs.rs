@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::{json, Map, Value};
 
-use super::Renamed;
+use crate::layout::convert::Renamed;
 
 /// A family's directives, which are not config keys.
 const DIRECTIVES: [&str; 2] = ["heads", "head_width"];

@@ -1,0 +1,911 @@
+//! The converters of single-file checkpoints (ComfyUI, Automatic1111, the original CompVis
+//! releases) as `fs-layout/single_file.json` describes them: which converter a file's keys
+//! match, and the Diffusers components its tensors become. Pure: keys and shapes in, keys and
+//! shapes out, no I/O; the import (`import::single_file`) stores what this decides.
+//!
+//! A converter names the keys a file must hold (`require`) and, for each component, the key
+//! prefix it takes and the keymap that renames what follows the prefix. A keymap is a list of
+//! rules tried in order, each `[from, to?, sub?, op?]`:
+//!
+//! - `from` is a dotted pattern: a literal segment, `{x}` (a segment of digits, bound to `x`),
+//!   and a final `*` (one or more segments, the rest);
+//! - `to` is the new key: literal segments, `{expr}` (integer arithmetic `+ - * / %` over the
+//!   captures and the keymap's `vars`, floor division) and `*`; absent, the key is unchanged;
+//!   `null`, the tensor stays in the file's own component (the file still holds it, Diffusers
+//!   does not); a list of N keys, the array's rows in N equal parts (a fused q/k/v: each part
+//!   a contiguous byte range);
+//! - `sub` names a keymap that renames the rest (`*`) in turn;
+//! - `op` is `linear`: a `[n, m, 1, 1]` convolution kernel becomes the `[n, m]` weight of a
+//!   linear layer, its bytes the same; or `transpose`: a 2-D array becomes its transpose, the
+//!   one conversion that computes (OpenCLIP's `text_projection`, `x @ P` where Diffusers has a
+//!   linear layer).
+//!
+//! `vars` are counted over the component's keys: `["min", pattern]` the least value its first
+//! capture takes, `["count", pattern]` how many distinct values it takes. So one rule serves
+//! every depth of a model (layers per block, levels), as diffusers' own conversion computes
+//! them from the file.
+//!
+//! Every other conversion only renames, reshapes and splits: a converted tensor is (a row range
+//! of) the source array's bytes, so the original file is re-created from the components byte
+//! for byte, a transposed array by transposing back.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+
+/// The table, as the build carries it.
+const TABLE: &str = include_str!("../../fs-layout/single_file.json");
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    #[allow(dead_code)]
+    about: String,
+    keymaps: BTreeMap<String, RawKeymap>,
+    families: BTreeMap<String, serde_json::Value>,
+    markers: Vec<Marker>,
+    converters: Vec<Converter>,
+}
+
+/// Config values a file's own markers set: a ComfyUI marker array (`v_pred`, `ztsnr`) or a
+/// `__metadata__` value (`modelspec.prediction_type`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Marker {
+    when: MarkerWhen,
+    /// Config values by component name.
+    set: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+enum MarkerWhen {
+    /// The file holds an array of this name.
+    Key { key: String },
+    /// The file's `__metadata__` holds this key with one of these values.
+    Metadata {
+        metadata: String,
+        equals: Vec<String>,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeymap {
+    #[serde(default)]
+    vars: BTreeMap<String, (String, String)>,
+    rules: Vec<Vec<serde_json::Value>>,
+}
+
+/// One converter of the table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Converter {
+    /// Its name, as `--converter` takes it (`sd1.single_file`).
+    pub name: String,
+    #[allow(dead_code)]
+    about: String,
+    /// The family whose defaults fill what the weights cannot tell (`families`).
+    pub family: String,
+    /// The Diffusers pipeline class, for a converter of a whole pipeline.
+    #[serde(default)]
+    pub pipeline: Option<String>,
+    /// Keys a file must hold to be this converter's.
+    require: Vec<String>,
+    /// Other pipeline classes, for files whose derived configs have these values (an
+    /// inpainting UNet's 9 input channels), tried in order.
+    #[serde(default)]
+    variants: Vec<Variant>,
+    /// The components, in the pipeline's order.
+    pub components: Vec<ComponentRule>,
+}
+
+/// A pipeline class for files whose derived configs have values.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Variant {
+    /// Config values by component name.
+    when: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    /// The pipeline class.
+    pipeline: String,
+}
+
+impl Converter {
+    /// The pipeline class for a file whose components have the `derived` configs: the first
+    /// variant whose values they all have, else the converter's; `None` for a converter of a
+    /// component alone.
+    pub(crate) fn pipeline_for(
+        &self,
+        derived: &BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    ) -> Option<&str> {
+        let default = self.pipeline.as_deref()?;
+        let fits = |v: &Variant| {
+            v.when.iter().all(|(component, values)| {
+                values
+                    .iter()
+                    .all(|(k, want)| derived.get(component).and_then(|c| c.get(k)) == Some(want))
+            })
+        };
+        Some(
+            self.variants
+                .iter()
+                .find(|v| fits(v))
+                .map_or(default, |v| &v.pipeline),
+        )
+    }
+}
+
+/// One component of a converter.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ComponentRule {
+    /// The Diffusers component name (`unet`).
+    pub name: String,
+    /// The key prefix its tensors have in the file.
+    pub prefix: String,
+    /// The keymap that renames the rest of each key.
+    keymap: String,
+    /// `[library, class]`.
+    pub class: (String, String),
+}
+
+/// The table, parsed and checked once.
+pub(crate) struct Table {
+    keymaps: HashMap<String, Keymap>,
+    /// Family defaults by name (`sd1`), as written in the table.
+    pub families: BTreeMap<String, serde_json::Value>,
+    /// Markers, in the table's order.
+    markers: Vec<Marker>,
+    /// The converters, in the table's order.
+    pub converters: Vec<Converter>,
+}
+
+struct Keymap {
+    /// Each var: its name, kind, pattern and the pattern's text (for messages).
+    vars: Vec<(String, VarKind, Pattern, String)>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Clone, Copy)]
+enum VarKind {
+    Min,
+    Count,
+}
+
+struct Rule {
+    from: Pattern,
+    to: Target,
+    sub: Option<String>,
+    op: Op,
+}
+
+/// What a rule does to an array's shape (and, for a transpose, its bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Nothing.
+    Same,
+    /// A `[n, m, 1, 1]` kernel read as an `[n, m]` weight.
+    Linear,
+    /// A 2-D array transposed.
+    Transpose,
+}
+
+enum Target {
+    Same,
+    Kept,
+    /// One key, or N for the array's rows in N parts.
+    Keys(Vec<Vec<TSeg>>),
+}
+
+type Pattern = Vec<PSeg>;
+
+#[derive(Debug)]
+enum PSeg {
+    Lit(String),
+    /// `{x}`: an index, captured as `x`.
+    Int(String),
+    /// `{expr}` (with an operator): the index the expression's value is (`{L-1}`, a list's
+    /// last module), over the keymap's vars.
+    Value(Expr),
+    Rest,
+}
+
+enum TSeg {
+    Lit(String),
+    Expr(Expr),
+    Rest,
+}
+
+#[derive(Debug)]
+enum Expr {
+    Num(i64),
+    Name(String),
+    Op(char, Box<Expr>, Box<Expr>),
+}
+
+/// The table as the build carries it.
+///
+/// # Panics
+/// The bundled table does not parse (a build defect the tests catch).
+pub(crate) fn table() -> &'static Table {
+    static TABLE_ONCE: OnceLock<Table> = OnceLock::new();
+    TABLE_ONCE.get_or_init(|| parse_table(TABLE).expect("fs-layout/single_file.json"))
+}
+
+fn parse_table(text: &str) -> Result<Table, String> {
+    let raw: RawTable = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut keymaps = HashMap::new();
+    for (name, k) in &raw.keymaps {
+        let mut vars = Vec::new();
+        for (var, (kind, pattern)) in &k.vars {
+            let kind = match kind.as_str() {
+                "min" => VarKind::Min,
+                "count" => VarKind::Count,
+                other => return Err(format!("keymap {name}: var {var}: no kind {other:?}")),
+            };
+            vars.push((var.clone(), kind, parse_pattern(pattern)?, pattern.clone()));
+        }
+        let rules = k
+            .rules
+            .iter()
+            .map(|r| parse_rule(r).map_err(|why| format!("keymap {name}: rule {r:?}: {why}")))
+            .collect::<Result<_, _>>()?;
+        keymaps.insert(name.clone(), Keymap { vars, rules });
+    }
+    for k in keymaps.values() {
+        for rule in &k.rules {
+            if let Some(sub) = rule.sub.as_ref().filter(|s| !keymaps.contains_key(*s)) {
+                return Err(format!("no keymap {sub:?}"));
+            }
+        }
+    }
+    for c in &raw.converters {
+        if !raw.families.contains_key(&c.family) {
+            return Err(format!("{}: no family {:?}", c.name, c.family));
+        }
+        if let Some(r) = c
+            .components
+            .iter()
+            .find(|r| !keymaps.contains_key(&r.keymap))
+        {
+            return Err(format!("{}: no keymap {:?}", c.name, r.keymap));
+        }
+    }
+    Ok(Table {
+        keymaps,
+        families: resolve_families(&raw.families)?,
+        markers: raw.markers,
+        converters: raw.converters,
+    })
+}
+
+/// The families with each `base` resolved: a family is its base's entries, each of its own
+/// replacing the base's (`null` removing it).
+///
+/// # Errors
+/// A family names a base that is no family, or bases form a cycle.
+fn resolve_families(
+    raw: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, serde_json::Value>, String> {
+    use serde_json::Value as J;
+    fn resolve(
+        raw: &BTreeMap<String, J>,
+        name: &str,
+        seen: &mut Vec<String>,
+    ) -> Result<serde_json::Map<String, J>, String> {
+        if seen.iter().any(|s| s == name) {
+            return Err(format!("family bases form a cycle: {}", seen.join(" → ")));
+        }
+        seen.push(name.to_owned());
+        let Some(J::Object(own)) = raw.get(name) else {
+            return Err(format!("no family {name:?}"));
+        };
+        let mut out = match own.get("base").and_then(J::as_str) {
+            Some(base) => resolve(raw, base, seen)?,
+            None => serde_json::Map::new(),
+        };
+        for (k, v) in own {
+            match v {
+                _ if k == "base" => {}
+                J::Null => {
+                    out.remove(k);
+                }
+                v => {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+    raw.keys()
+        .map(|name| {
+            Ok((
+                name.clone(),
+                J::Object(resolve(raw, name, &mut Vec::new())?),
+            ))
+        })
+        .collect()
+}
+
+fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
+    use serde_json::Value as J;
+    let text = |v: Option<&J>| match v {
+        None | Some(J::Null) => Ok(None),
+        Some(J::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("{other} is not a string")),
+    };
+    let from = match r.first() {
+        Some(J::String(s)) => parse_pattern(s)?,
+        _ => return Err("no pattern".into()),
+    };
+    let to = match r.get(1) {
+        None => Target::Same,
+        Some(J::Null) => Target::Kept,
+        Some(J::String(s)) => Target::Keys(vec![parse_target(s)?]),
+        Some(J::Array(keys)) if keys.len() >= 2 => Target::Keys(
+            keys.iter()
+                .map(|k| match k {
+                    J::String(s) => parse_target(s),
+                    other => Err(format!("target {other} is not a string")),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Some(other) => return Err(format!("target {other} is not a string")),
+    };
+    let sub = text(r.get(2))?;
+    let op = match text(r.get(3))?.as_deref() {
+        None => Op::Same,
+        Some("linear") => Op::Linear,
+        Some("transpose") => Op::Transpose,
+        Some(other) => return Err(format!("no op {other:?}")),
+    };
+    if r.len() > 4 {
+        return Err("more than four fields".into());
+    }
+    if sub.is_some() && !matches!(from.last(), Some(PSeg::Rest)) {
+        return Err("a sub-keymap needs a pattern ending in *".into());
+    }
+    if matches!(&to, Target::Keys(keys) if keys.len() > 1) && op != Op::Same {
+        return Err("a split array takes no op".into());
+    }
+    Ok(Rule { from, to, sub, op })
+}
+
+fn parse_pattern(text: &str) -> Result<Pattern, String> {
+    let segments: Vec<&str> = text.split('.').collect();
+    let mut out = Vec::with_capacity(segments.len());
+    for (i, s) in segments.iter().enumerate() {
+        out.push(match *s {
+            "*" if i + 1 == segments.len() => PSeg::Rest,
+            "*" => return Err(format!("{text:?}: * must be the last segment")),
+            s if s.starts_with('{') && s.ends_with('}') => {
+                let inner = &s[1..s.len() - 1];
+                if !inner.is_empty() && inner.chars().all(|c| c.is_ascii_alphabetic()) {
+                    PSeg::Int(inner.to_owned())
+                } else {
+                    PSeg::Value(parse_expr(inner).map_err(|why| format!("{text:?}: {why}"))?)
+                }
+            }
+            s => PSeg::Lit(s.to_owned()),
+        });
+    }
+    Ok(out)
+}
+
+fn parse_target(text: &str) -> Result<Vec<TSeg>, String> {
+    text.split('.')
+        .map(|s| match s {
+            "*" => Ok(TSeg::Rest),
+            s if s.starts_with('{') && s.ends_with('}') => Ok(TSeg::Expr(
+                parse_expr(&s[1..s.len() - 1]).map_err(|why| format!("{text:?}: {why}"))?,
+            )),
+            s => Ok(TSeg::Lit(s.to_owned())),
+        })
+        .collect()
+}
+
+/// `expr := term (('+'|'-') term)*`, `term := atom (('*'|'/'|'%') atom)*`,
+/// `atom := number | name | '(' expr ')'`.
+fn parse_expr(text: &str) -> Result<Expr, String> {
+    let tokens: Vec<char> = text.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut at = 0;
+    let e = expr(&tokens, &mut at)?;
+    if at != tokens.len() {
+        return Err(format!("unexpected {:?} in {text:?}", tokens[at]));
+    }
+    Ok(e)
+}
+
+fn expr(t: &[char], at: &mut usize) -> Result<Expr, String> {
+    let mut left = term(t, at)?;
+    while let Some(&op) = t.get(*at).filter(|c| **c == '+' || **c == '-') {
+        *at += 1;
+        left = Expr::Op(op, Box::new(left), Box::new(term(t, at)?));
+    }
+    Ok(left)
+}
+
+fn term(t: &[char], at: &mut usize) -> Result<Expr, String> {
+    let mut left = atom(t, at)?;
+    while let Some(&op) = t.get(*at).filter(|c| matches!(**c, '*' | '/' | '%')) {
+        *at += 1;
+        left = Expr::Op(op, Box::new(left), Box::new(atom(t, at)?));
+    }
+    Ok(left)
+}
+
+fn atom(t: &[char], at: &mut usize) -> Result<Expr, String> {
+    match t.get(*at) {
+        Some('(') => {
+            *at += 1;
+            let e = expr(t, at)?;
+            if t.get(*at) != Some(&')') {
+                return Err("a ( is not closed".into());
+            }
+            *at += 1;
+            Ok(e)
+        }
+        Some(c) if c.is_ascii_digit() => {
+            let start = *at;
+            while t.get(*at).is_some_and(char::is_ascii_digit) {
+                *at += 1;
+            }
+            let text: String = t[start..*at].iter().collect();
+            text.parse().map(Expr::Num).map_err(|e| e.to_string())
+        }
+        Some(c) if c.is_ascii_alphabetic() => {
+            let start = *at;
+            while t.get(*at).is_some_and(char::is_ascii_alphabetic) {
+                *at += 1;
+            }
+            Ok(Expr::Name(t[start..*at].iter().collect()))
+        }
+        Some(c) => Err(format!("unexpected {c:?}")),
+        None => Err("an expression ends early".into()),
+    }
+}
+
+impl Expr {
+    /// The value, or `None` when a name is unbound, a division is by zero or the value is
+    /// negative (no key has a negative index).
+    fn eval(&self, env: &HashMap<String, i64>) -> Option<i64> {
+        let v = match self {
+            Expr::Num(n) => *n,
+            Expr::Name(name) => *env.get(name)?,
+            Expr::Op(op, a, b) => {
+                let (a, b) = (a.eval(env)?, b.eval(env)?);
+                match op {
+                    '+' => a.checked_add(b)?,
+                    '-' => a.checked_sub(b)?,
+                    '*' => a.checked_mul(b)?,
+                    '/' => a.checked_div_euclid(b)?,
+                    '%' => a.checked_rem_euclid(b)?,
+                    _ => return None,
+                }
+            }
+        };
+        (v >= 0).then_some(v)
+    }
+}
+
+/// A pattern's captures (name, value) and the rest a final `*` took.
+type Match = (Vec<(String, i64)>, Option<String>);
+
+/// Matches `key`'s segments against `pattern`, whose computed indices see `vars`: the
+/// captures, and the rest for a final `*`.
+fn matches(pattern: &Pattern, key: &[&str], vars: &HashMap<String, i64>) -> Option<Match> {
+    let mut captures = Vec::new();
+    for (i, p) in pattern.iter().enumerate() {
+        match p {
+            // The rest is one or more segments, none of them empty.
+            PSeg::Rest => {
+                let rest = &key[i.min(key.len())..];
+                return (!rest.is_empty() && rest.iter().all(|s| !s.is_empty()))
+                    .then(|| (captures, Some(rest.join("."))));
+            }
+            PSeg::Lit(lit) => {
+                if key.get(i) != Some(&lit.as_str()) {
+                    return None;
+                }
+            }
+            PSeg::Int(name) => captures.push((name.clone(), index(key.get(i)?)?)),
+            PSeg::Value(expr) => {
+                if index(key.get(i)?)? != expr.eval(vars)? {
+                    return None;
+                }
+            }
+        }
+    }
+    (pattern.len() == key.len()).then_some((captures, None))
+}
+
+/// An index as Python writes one: digits, no leading zero.
+fn index(segment: &str) -> Option<i64> {
+    let plain = !segment.is_empty()
+        && segment.bytes().all(|b| b.is_ascii_digit())
+        && !(segment.len() > 1 && segment.starts_with('0'));
+    plain.then(|| segment.parse().ok()).flatten()
+}
+
+/// What a keymap makes of one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Mapped {
+    /// The new key (N keys: the array's rows in N parts), and what happens to its shape.
+    Keys { keys: Vec<String>, op: Op },
+    /// The key stays in the file's own component.
+    Kept,
+}
+
+impl Table {
+    /// `key` (without its component's prefix) through keymap `name`, with `vars` bound.
+    fn map(&self, name: &str, key: &str, vars: &HashMap<String, i64>) -> Option<Mapped> {
+        let keymap = &self.keymaps[name];
+        let segments: Vec<&str> = key.split('.').collect();
+        for rule in &keymap.rules {
+            let Some((captures, rest)) = matches(&rule.from, &segments, vars) else {
+                continue;
+            };
+            let mut env = vars.clone();
+            env.extend(captures);
+            let rest = match (&rule.sub, rest) {
+                // A sub-keymap renames one key; it neither splits nor computes.
+                (Some(sub), Some(rest)) => match self.map(sub, &rest, vars)? {
+                    Mapped::Keys { mut keys, op } if keys.len() == 1 && op != Op::Transpose => {
+                        Some((keys.remove(0), op))
+                    }
+                    Mapped::Keys { .. } => return None,
+                    Mapped::Kept => return Some(Mapped::Kept),
+                },
+                (_, rest) => rest.map(|r| (r, Op::Same)),
+            };
+            let op = match (rule.op, &rest) {
+                (Op::Same, Some((_, inner))) => *inner,
+                (op, _) => op,
+            };
+            let keys = match &rule.to {
+                Target::Kept => return Some(Mapped::Kept),
+                Target::Same if rule.sub.is_none() => vec![key.to_owned()],
+                Target::Same => {
+                    let head: Vec<&str> = segments[..rule.from.len() - 1].to_vec();
+                    vec![format!("{}.{}", head.join("."), rest.as_ref()?.0)]
+                }
+                Target::Keys(targets) => {
+                    let mut keys = Vec::with_capacity(targets.len());
+                    for segments in targets {
+                        let mut out = Vec::with_capacity(segments.len());
+                        for s in segments {
+                            out.push(match s {
+                                TSeg::Lit(l) => l.clone(),
+                                TSeg::Expr(e) => e.eval(&env)?.to_string(),
+                                TSeg::Rest => rest.as_ref()?.0.clone(),
+                            });
+                        }
+                        keys.push(out.join("."));
+                    }
+                    keys
+                }
+            };
+            return Some(Mapped::Keys { keys, op });
+        }
+        None
+    }
+
+    /// The indices the rule that takes `key` captures, each with the key's segments before it.
+    fn indexed(&self, name: &str, key: &str, vars: &HashMap<String, i64>) -> Vec<(String, i64)> {
+        let segments: Vec<&str> = key.split('.').collect();
+        for rule in &self.keymaps[name].rules {
+            if let Some((captures, _)) = matches(&rule.from, &segments, vars) {
+                let places = rule
+                    .from
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| matches!(p, PSeg::Int(_)));
+                return places
+                    .zip(captures)
+                    .map(|((at, _), (_, n))| (segments[..at].join("."), n))
+                    .collect();
+            }
+        }
+        Vec::new()
+    }
+
+    /// The keymap's vars, counted over `keys`.
+    fn vars(&self, name: &str, keys: &[&str]) -> Result<HashMap<String, i64>, String> {
+        let mut out = HashMap::new();
+        for (var, kind, pattern, text) in &self.keymaps[name].vars {
+            let mut values = BTreeSet::new();
+            for key in keys {
+                let segments: Vec<&str> = key.split('.').collect();
+                if let Some((captures, _)) = matches(pattern, &segments, &HashMap::new()) {
+                    if let Some((_, v)) = captures.first() {
+                        values.insert(*v);
+                    }
+                }
+            }
+            let value = match kind {
+                VarKind::Min => *values
+                    .first()
+                    .ok_or_else(|| format!("no key gives {var} (none is like {text})"))?,
+                VarKind::Count => values.len() as i64,
+            };
+            out.insert(var.clone(), value);
+        }
+        Ok(out)
+    }
+}
+
+impl Table {
+    /// The config values a file's markers set, by component: those of its `__metadata__`
+    /// over those of its marker arrays (a producer's statement over a loader's convention).
+    pub(crate) fn marked(
+        &self,
+        keys: &BTreeSet<&str>,
+        metadata: &[(String, String)],
+    ) -> BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
+        let mut out: BTreeMap<String, serde_json::Map<String, serde_json::Value>> = BTreeMap::new();
+        let by_key = self.markers.iter().filter(|m| match &m.when {
+            MarkerWhen::Key { key } => keys.contains(key.as_str()),
+            MarkerWhen::Metadata { .. } => false,
+        });
+        let by_metadata = self.markers.iter().filter(|m| match &m.when {
+            MarkerWhen::Metadata {
+                metadata: name,
+                equals,
+            } => metadata
+                .iter()
+                .any(|(k, v)| k == name && equals.iter().any(|e| e == v)),
+            MarkerWhen::Key { .. } => false,
+        });
+        for marker in by_key.chain(by_metadata) {
+            for (component, values) in &marker.set {
+                out.entry(component.clone())
+                    .or_default()
+                    .extend(values.clone());
+            }
+        }
+        out
+    }
+}
+
+/// Where a component's numbered modules skip one: `indexed` holds, for each key, each index
+/// a rule captured (`{i}`) with the key's segments before it. PyTorch numbers a `ModuleList`'s
+/// children 0, 1, … with none missing, so a hole between the least and the greatest index of
+/// one list (a block left out, a stray key's index) means the file is not the model it looks
+/// like. (Only captured indices count: `time_embed.0` and `time_embed.2` are one module's
+/// children around a parameterless one.)
+fn gap(indexed: &[(String, i64)]) -> Option<String> {
+    let mut lists: BTreeMap<&str, BTreeSet<i64>> = BTreeMap::new();
+    for (list, n) in indexed {
+        lists.entry(list).or_default().insert(*n);
+    }
+    lists.into_iter().find_map(|(list, indices)| {
+        let (first, last) = (*indices.first()?, *indices.last()?);
+        let missing = (first..last).find(|n| !indices.contains(n))?;
+        Some(format!("{list}.{last} is there but not {list}.{missing}"))
+    })
+}
+
+/// A source array as the converter sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SourceKey<'a> {
+    /// Its name in the file.
+    pub key: &'a str,
+    /// Its shape in the file.
+    pub shape: &'a [u64],
+}
+
+/// One converted tensor: source array `source` as `key` with `shape`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Renamed {
+    /// Index into the source arrays.
+    pub source: usize,
+    /// Its Diffusers (or Transformers) key.
+    pub key: String,
+    /// Its shape there: the source's, a 1×1 kernel's as a linear weight, a row part's, or
+    /// transposed.
+    pub shape: Vec<u64>,
+    /// For one of N row parts of the array: (which, N).
+    pub part: Option<(u64, u64)>,
+    /// Whether its bytes are the array's transposed.
+    pub transposed: bool,
+}
+
+/// A component a file's arrays become.
+#[derive(Debug)]
+pub(crate) struct Converted<'t> {
+    /// The component's rule.
+    pub rule: &'t ComponentRule,
+    /// Its tensors, in the file's data order (the import sorts them as Diffusers writes them).
+    pub tensors: Vec<Renamed>,
+}
+
+/// A file's arrays, converted.
+#[derive(Debug)]
+pub(crate) struct Conversion<'t> {
+    /// The converter.
+    pub converter: &'t Converter,
+    /// Each of its components.
+    pub components: Vec<Converted<'t>>,
+    /// Arrays that stay in the file's own component (under no prefix, or kept by a rule).
+    pub kept: Vec<usize>,
+}
+
+/// What the table makes of a file.
+#[derive(Debug)]
+pub(crate) enum Outcome<'t> {
+    /// No converter's required keys are all there: the file imports as it is.
+    Unknown,
+    /// The file is this converter's.
+    Converted(Conversion<'t>),
+    /// A converter's keys are there, but it cannot convert the file (why): it imports as it is.
+    Unconverted(String),
+}
+
+/// The converter called `name`, if the table has one.
+pub(crate) fn named(name: &str) -> Option<&'static Converter> {
+    table().converters.iter().find(|c| c.name == name)
+}
+
+/// Recognises `arrays` (a file's, in data order) by the table: the converter named `named`
+/// if given, else the one converter whose required keys are all present.
+///
+/// # Errors
+/// Two converters match and none is named; or the named converter cannot convert the file.
+pub(crate) fn recognise<'t>(
+    table: &'t Table,
+    arrays: &[SourceKey<'_>],
+    named: Option<&'t Converter>,
+) -> Result<Outcome<'t>, String> {
+    let converter = match named {
+        Some(c) => c,
+        None => {
+            let keys: BTreeSet<&str> = arrays.iter().map(|a| a.key).collect();
+            let found: Vec<&Converter> = table
+                .converters
+                .iter()
+                .filter(|c| c.require.iter().all(|k| keys.contains(k.as_str())))
+                .collect();
+            match found.as_slice() {
+                [] => return Ok(Outcome::Unknown),
+                [one] => *one,
+                many => {
+                    let names: Vec<&str> = many.iter().map(|c| c.name.as_str()).collect();
+                    return Err(format!(
+                        "the file is like several single-file checkpoints ({}); pass --converter \
+                         NAME to say which",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+    };
+    match convert(table, converter, arrays) {
+        Ok(c) => Ok(Outcome::Converted(c)),
+        Err(why) if named.is_none() => {
+            Ok(Outcome::Unconverted(format!("{}: {why}", converter.name)))
+        }
+        Err(why) => Err(format!("--converter {}: {why}", converter.name)),
+    }
+}
+
+fn convert<'t>(
+    table: &'t Table,
+    converter: &'t Converter,
+    arrays: &[SourceKey<'_>],
+) -> Result<Conversion<'t>, String> {
+    let mut owner: Vec<Option<usize>> = vec![None; arrays.len()];
+    // The longest prefix takes a key (a component's prefix may contain another's).
+    for (i, a) in arrays.iter().enumerate() {
+        owner[i] = converter
+            .components
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| a.key.starts_with(r.prefix.as_str()))
+            .max_by_key(|(_, r)| r.prefix.len())
+            .map(|(c, _)| c);
+    }
+    let mut components = Vec::with_capacity(converter.components.len());
+    let mut kept: Vec<usize> = (0..arrays.len()).filter(|&i| owner[i].is_none()).collect();
+    for (c, rule) in converter.components.iter().enumerate() {
+        let mine: Vec<usize> = (0..arrays.len()).filter(|&i| owner[i] == Some(c)).collect();
+        if mine.is_empty() {
+            return Err(format!(
+                "no key has the prefix {:?} of {}",
+                rule.prefix, rule.name
+            ));
+        }
+        let keys: Vec<&str> = mine
+            .iter()
+            .map(|&i| &arrays[i].key[rule.prefix.len()..])
+            .collect();
+        let vars = table
+            .vars(&rule.keymap, &keys)
+            .map_err(|why| format!("{}: {why}", rule.name))?;
+        let mut tensors = Vec::with_capacity(mine.len());
+        let mut unmapped = Vec::new();
+        let mut taken: HashMap<String, usize> = HashMap::new();
+        for (&i, key) in mine.iter().zip(&keys) {
+            match table.map(&rule.keymap, key, &vars) {
+                None => unmapped.push(arrays[i].key),
+                Some(Mapped::Kept) => kept.push(i),
+                Some(Mapped::Keys { keys: targets, op }) => {
+                    let source = arrays[i];
+                    let shape = match (op, source.shape) {
+                        (Op::Linear, [n, m, 1, 1] | [n, m]) => vec![*n, *m],
+                        (Op::Linear, other) => {
+                            return Err(format!(
+                                "{} has shape {other:?}, which is no linear weight (nor a 1×1 \
+                                 kernel)",
+                                source.key
+                            ))
+                        }
+                        (Op::Transpose, [n, m]) => vec![*m, *n],
+                        (Op::Transpose, other) => {
+                            return Err(format!(
+                                "{} has shape {other:?}, which is not transposed (not 2-D)",
+                                source.key
+                            ))
+                        }
+                        (_, other) => other.to_vec(),
+                    };
+                    let parts = targets.len() as u64;
+                    let shape = match (parts, shape.split_first()) {
+                        (1, _) => shape,
+                        (n, Some((rows, rest))) if *rows % n == 0 => {
+                            [&[*rows / n][..], rest].concat()
+                        }
+                        (n, _) => {
+                            return Err(format!(
+                                "{} has shape {:?}, whose rows do not split in {n}",
+                                source.key, source.shape
+                            ))
+                        }
+                    };
+                    for (k, target) in targets.into_iter().enumerate() {
+                        if let Some(other) = taken.insert(target.clone(), i) {
+                            return Err(format!(
+                                "{} and {} would both be {}'s {target:?}",
+                                arrays[other].key, source.key, rule.name
+                            ));
+                        }
+                        tensors.push(Renamed {
+                            source: i,
+                            key: target,
+                            shape: shape.clone(),
+                            part: (parts > 1).then_some((k as u64, parts)),
+                            transposed: op == Op::Transpose,
+                        });
+                    }
+                }
+            }
+        }
+        let indexed: Vec<(String, i64)> = mine
+            .iter()
+            .flat_map(|&i| table.indexed(&rule.keymap, &arrays[i].key[rule.prefix.len()..], &vars))
+            .collect();
+        if let Some(why) = gap(&indexed) {
+            return Err(format!("{}: {}{why}", rule.name, rule.prefix));
+        }
+        if !unmapped.is_empty() {
+            let shown: Vec<&str> = unmapped.iter().take(3).copied().collect();
+            return Err(format!(
+                "{} keys of {} have no rule ({}{})",
+                unmapped.len(),
+                rule.name,
+                shown.join(", "),
+                if unmapped.len() > 3 { ", …" } else { "" }
+            ));
+        }
+        components.push(Converted { rule, tensors });
+    }
+    kept.sort_unstable();
+    Ok(Conversion {
+        converter,
+        components,
+        kept,
+    })
+}
+
+#[cfg(test)]
+mod tests;

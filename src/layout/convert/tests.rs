@@ -1,0 +1,455 @@
+use super::*;
+
+fn keys(names: &[(&str, &[u64])]) -> Vec<(String, Vec<u64>)> {
+    names
+        .iter()
+        .map(|(k, s)| ((*k).to_owned(), s.to_vec()))
+        .collect()
+}
+
+fn source(owned: &[(String, Vec<u64>)]) -> Vec<SourceKey<'_>> {
+    owned
+        .iter()
+        .map(|(k, s)| SourceKey { key: k, shape: s })
+        .collect()
+}
+
+#[test]
+fn the_bundled_table_parses() {
+    let t = table();
+    assert!(named("sd1.single_file").is_some());
+    assert!(named("vae.single_file").is_some());
+    assert!(named("comfy.nvfp4").is_none());
+    assert!(t.families.contains_key("sd1"));
+}
+
+#[test]
+fn expressions_follow_integer_arithmetic() {
+    let env: HashMap<String, i64> = [("i".to_owned(), 7), ("n".to_owned(), 3)].into();
+    let eval = |text: &str| parse_expr(text).unwrap().eval(&env);
+    assert_eq!(eval("(i-1)/n"), Some(2));
+    assert_eq!(eval("(i-1)%n"), Some(0));
+    assert_eq!(eval("i/n"), Some(2));
+    assert_eq!(eval("n-1-i"), None, "no index is negative");
+    assert_eq!(eval("i/0"), None);
+    assert_eq!(eval("2+3*4"), Some(14));
+    assert_eq!(eval("x"), None, "an unbound name");
+    assert!(parse_expr("(i").is_err());
+    assert!(parse_expr("i+").is_err());
+    assert!(parse_expr("i$").is_err());
+}
+
+#[test]
+fn patterns_bind_digits_and_the_rest() {
+    let p = parse_pattern("input_blocks.{i}.0.*").unwrap();
+    let m = |k: &str| matches(&p, &k.split('.').collect::<Vec<_>>(), &HashMap::new());
+    let (captures, rest) = m("input_blocks.4.0.in_layers.0.weight").unwrap();
+    assert_eq!(captures, vec![("i".to_owned(), 4)]);
+    assert_eq!(rest.as_deref(), Some("in_layers.0.weight"));
+    assert!(m("input_blocks.x.0.weight").is_none());
+    assert!(
+        m("input_blocks.4.0").is_none(),
+        "* takes at least one segment"
+    );
+    assert!(parse_pattern("a.*.b").is_err());
+}
+
+#[test]
+fn a_computed_index_matches_only_its_value() {
+    let p = parse_pattern("resblocks.{L-1}.*").unwrap();
+    let vars: HashMap<String, i64> = [("L".to_owned(), 24)].into();
+    let m =
+        |k: &str, vars: &HashMap<String, i64>| matches(&p, &k.split('.').collect::<Vec<_>>(), vars);
+    assert_eq!(
+        m("resblocks.23.ln_1.weight", &vars),
+        Some((vec![], Some("ln_1.weight".into())))
+    );
+    assert!(m("resblocks.22.ln_1.weight", &vars).is_none());
+    assert!(
+        m("resblocks.023.ln_1.weight", &vars).is_none(),
+        "as Python writes an index"
+    );
+    assert!(
+        m("resblocks.23.ln_1.weight", &HashMap::new()).is_none(),
+        "L unbound"
+    );
+    assert!(parse_pattern("resblocks.{L-}.*").is_err());
+}
+
+#[test]
+fn a_family_is_its_base_with_its_own_entries_over_it() {
+    let t = table();
+    let refiner = &t.families["sdxl_refiner"];
+    let sdxl = &t.families["sdxl"];
+    assert_eq!(refiner["scheduler"], sdxl["scheduler"]);
+    assert_eq!(refiner["unet"], sdxl["unet"]);
+    assert!(
+        refiner.get("tokenizer").is_none() && refiner.get("text_encoder").is_none(),
+        "null removes"
+    );
+    assert!(refiner.get("base").is_none());
+    assert_eq!(refiner["pipeline"]["requires_aesthetics_score"], true);
+    let cycle = r#"{"about": "", "keymaps": {}, "markers": [], "converters": [],
+        "families": {"a": {"base": "b"}, "b": {"base": "a"}}}"#;
+    let Err(err) = parse_table(cycle) else {
+        panic!("a cycle of bases parsed");
+    };
+    assert!(err.contains("cycle"), "{err}");
+}
+
+/// The OpenCLIP text encoder of an SD 2.x file, `layers` deep, as `cond_stage_model.model.`
+/// keys (hidden width 8).
+fn sd2_text_encoder(layers: usize) -> Vec<(String, Vec<u64>)> {
+    let t = "cond_stage_model.model.";
+    let mut k = vec![
+        (format!("{t}token_embedding.weight"), vec![49408, 8]),
+        (format!("{t}positional_embedding"), vec![77, 8]),
+        (format!("{t}text_projection"), vec![8, 8]),
+        (format!("{t}logit_scale"), vec![]),
+        (format!("{t}ln_final.weight"), vec![8]),
+    ];
+    for i in 0..layers {
+        let r = format!("{t}transformer.resblocks.{i}.");
+        k.push((format!("{r}attn.in_proj_weight"), vec![24, 8]));
+        k.push((format!("{r}ln_1.weight"), vec![8]));
+        k.push((format!("{r}mlp.c_fc.weight"), vec![32, 8]));
+    }
+    k
+}
+
+#[test]
+fn an_sd2_file_leaves_its_text_encoders_last_layer_and_projection_in_the_file() {
+    let mut owned: Vec<(String, Vec<u64>)> = sd1_like()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("cond_stage_model."))
+        .collect();
+    owned.extend(sd2_text_encoder(3));
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sd2.single_file");
+    let text = c
+        .components
+        .iter()
+        .find(|x| x.rule.name == "text_encoder")
+        .unwrap();
+    let layers: BTreeSet<&str> = text
+        .tensors
+        .iter()
+        .filter_map(|r| r.key.strip_prefix("text_model.encoder.layers."))
+        .filter_map(|k| k.split('.').next())
+        .collect();
+    assert_eq!(
+        layers,
+        ["0", "1"].into(),
+        "the penultimate layer's output: layer 2 is unused"
+    );
+    assert!(text
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_model.encoder.layers.1.layer_norm1.weight"));
+    let kept: Vec<&str> = c.kept.iter().map(|&i| owned[i].0.as_str()).collect();
+    for k in [
+        "text_projection",
+        "logit_scale",
+        "transformer.resblocks.2.ln_1.weight",
+    ] {
+        assert!(
+            kept.contains(&format!("cond_stage_model.model.{k}").as_str()),
+            "{k}: {kept:?}"
+        );
+    }
+}
+
+#[test]
+fn an_sdxl_refiner_file_is_its_own_converters() {
+    let mut owned: Vec<(String, Vec<u64>)> = sd1_like()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("cond_stage_model."))
+        .collect();
+    owned.push((
+        "model.diffusion_model.label_emb.0.0.weight".into(),
+        vec![128, 2560],
+    ));
+    for (k, shape) in sd2_text_encoder(2) {
+        let k = k.replace("cond_stage_model.model.", "conditioner.embedders.0.model.");
+        owned.push((k, shape));
+    }
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sdxl_refiner.single_file");
+    let names: Vec<&str> = c.components.iter().map(|x| x.rule.name.as_str()).collect();
+    assert_eq!(names, ["text_encoder_2", "unet", "vae"]);
+    let text = &c.components[0];
+    assert!(text
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_projection.weight" && r.transposed));
+    assert!(text
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_model.encoder.layers.1.mlp.fc1.weight"));
+}
+
+/// A UNet with two resnets per level, attention in the second of three levels, a mid block,
+/// and a VAE with two levels, as a CompVis file names them.
+fn sd1_like() -> Vec<(String, Vec<u64>)> {
+    let mut k: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut add = |name: String, shape: &[u64]| k.push((name, shape.to_vec()));
+    let u = "model.diffusion_model.";
+    add(format!("{u}input_blocks.0.0.weight"), &[32, 4, 3, 3]);
+    add(format!("{u}time_embed.0.weight"), &[128, 32]);
+    for i in [1, 2, 4, 5, 7, 8] {
+        add(format!("{u}input_blocks.{i}.0.in_layers.0.weight"), &[32]);
+        add(
+            format!("{u}input_blocks.{i}.0.in_layers.2.weight"),
+            &[32, 32, 3, 3],
+        );
+    }
+    for i in [4, 5] {
+        add(
+            format!("{u}input_blocks.{i}.1.proj_in.weight"),
+            &[32, 32, 1, 1],
+        );
+    }
+    for i in [3, 6] {
+        add(format!("{u}input_blocks.{i}.0.op.weight"), &[32, 32, 3, 3]);
+    }
+    add(format!("{u}middle_block.0.in_layers.0.weight"), &[32]);
+    add(format!("{u}middle_block.1.proj_in.weight"), &[32, 32, 1, 1]);
+    for i in 0..9 {
+        add(
+            format!("{u}output_blocks.{i}.0.out_layers.3.weight"),
+            &[32, 32, 3, 3],
+        );
+    }
+    add(format!("{u}output_blocks.2.1.conv.weight"), &[32, 32, 3, 3]);
+    add(format!("{u}output_blocks.4.1.norm.weight"), &[32]);
+    add(format!("{u}output_blocks.5.2.conv.weight"), &[32, 32, 3, 3]);
+    add(format!("{u}out.2.weight"), &[4, 32, 3, 3]);
+    let v = "first_stage_model.";
+    add(format!("{v}encoder.conv_in.weight"), &[32, 3, 3, 3]);
+    add(
+        format!("{v}encoder.down.0.block.0.conv1.weight"),
+        &[32, 32, 3, 3],
+    );
+    add(
+        format!("{v}encoder.down.1.block.0.nin_shortcut.weight"),
+        &[64, 32, 1, 1],
+    );
+    add(format!("{v}encoder.mid.attn_1.q.weight"), &[64, 64, 1, 1]);
+    add(format!("{v}decoder.conv_in.weight"), &[64, 4, 3, 3]);
+    add(
+        format!("{v}decoder.up.0.block.0.conv1.weight"),
+        &[32, 32, 3, 3],
+    );
+    add(
+        format!("{v}decoder.up.1.block.0.conv1.weight"),
+        &[64, 64, 3, 3],
+    );
+    add(
+        format!("{v}decoder.up.1.upsample.conv.weight"),
+        &[64, 64, 3, 3],
+    );
+    let t = "cond_stage_model.transformer.";
+    add(
+        format!("{t}text_model.embeddings.token_embedding.weight"),
+        &[49408, 32],
+    );
+    add(format!("{t}text_model.embeddings.position_ids"), &[1, 77]);
+    add("alphas_cumprod".to_owned(), &[1000]);
+    k
+}
+
+#[test]
+fn an_sd1_file_becomes_diffusers_keys() {
+    let owned = sd1_like();
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sd1.single_file");
+    let renamed = |component: &str| -> BTreeMap<String, (String, Vec<u64>)> {
+        let conv = c
+            .components
+            .iter()
+            .find(|x| x.rule.name == component)
+            .unwrap();
+        conv.tensors
+            .iter()
+            .map(|r| (owned[r.source].0.clone(), (r.key.clone(), r.shape.clone())))
+            .collect()
+    };
+    let unet = renamed("unet");
+    let to = |k: &str| unet[&format!("model.diffusion_model.{k}")].0.clone();
+    assert_eq!(to("input_blocks.0.0.weight"), "conv_in.weight");
+    assert_eq!(
+        to("input_blocks.5.0.in_layers.2.weight"),
+        "down_blocks.1.resnets.1.conv1.weight"
+    );
+    assert_eq!(
+        to("input_blocks.7.0.in_layers.0.weight"),
+        "down_blocks.2.resnets.0.norm1.weight"
+    );
+    assert_eq!(
+        to("input_blocks.4.1.proj_in.weight"),
+        "down_blocks.1.attentions.0.proj_in.weight"
+    );
+    assert_eq!(
+        to("input_blocks.6.0.op.weight"),
+        "down_blocks.1.downsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        to("middle_block.1.proj_in.weight"),
+        "mid_block.attentions.0.proj_in.weight"
+    );
+    assert_eq!(
+        to("output_blocks.5.0.out_layers.3.weight"),
+        "up_blocks.1.resnets.2.conv2.weight"
+    );
+    assert_eq!(
+        to("output_blocks.2.1.conv.weight"),
+        "up_blocks.0.upsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        to("output_blocks.5.2.conv.weight"),
+        "up_blocks.1.upsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        to("output_blocks.4.1.norm.weight"),
+        "up_blocks.1.attentions.1.norm.weight"
+    );
+    assert_eq!(to("out.2.weight"), "conv_out.weight");
+    let vae = renamed("vae");
+    let v = |k: &str| vae[&format!("first_stage_model.{k}")].clone();
+    assert_eq!(
+        v("decoder.up.0.block.0.conv1.weight").0,
+        "decoder.up_blocks.1.resnets.0.conv1.weight"
+    );
+    assert_eq!(
+        v("decoder.up.1.upsample.conv.weight").0,
+        "decoder.up_blocks.0.upsamplers.0.conv.weight"
+    );
+    assert_eq!(
+        v("encoder.down.1.block.0.nin_shortcut.weight").0,
+        "encoder.down_blocks.1.resnets.0.conv_shortcut.weight"
+    );
+    assert_eq!(
+        v("encoder.mid.attn_1.q.weight"),
+        (
+            "encoder.mid_block.attentions.0.to_q.weight".to_owned(),
+            vec![64, 64]
+        ),
+        "a 1×1 kernel becomes a linear weight"
+    );
+    let kept: Vec<&str> = c.kept.iter().map(|&i| owned[i].0.as_str()).collect();
+    assert_eq!(
+        kept,
+        vec![
+            "cond_stage_model.transformer.text_model.embeddings.position_ids",
+            "alphas_cumprod"
+        ]
+    );
+}
+
+#[test]
+fn a_key_no_rule_takes_leaves_the_file_as_it_is() {
+    let mut owned = sd1_like();
+    owned.push(("model.diffusion_model.extra.weight".to_owned(), vec![1]));
+    let arrays = source(&owned);
+    match recognise(table(), &arrays, None).unwrap() {
+        Outcome::Unconverted(why) => {
+            assert!(why.contains("extra.weight"), "{why}");
+            assert!(why.contains("sd1.single_file"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = recognise(table(), &arrays, named("sd1.single_file")).unwrap_err();
+    assert!(err.starts_with("--converter sd1.single_file"), "{err}");
+}
+
+#[test]
+fn a_file_no_converter_knows_is_unknown() {
+    let owned = keys(&[("transformer.blocks.0.weight", &[4, 4])]);
+    assert!(matches!(
+        recognise(table(), &source(&owned), None).unwrap(),
+        Outcome::Unknown
+    ));
+}
+
+#[test]
+fn two_matching_converters_are_refused() {
+    let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
+    let converters = raw["converters"].as_array_mut().unwrap();
+    let vae = converters
+        .iter()
+        .position(|c| c["name"] == "vae.single_file")
+        .unwrap();
+    let mut twin = converters[vae].clone();
+    twin["name"] = "vae.twin".into();
+    converters.push(twin);
+    let t = parse_table(&raw.to_string()).unwrap();
+    let owned = keys(&[
+        ("encoder.conv_in.weight", &[32, 3, 3, 3]),
+        ("decoder.conv_in.weight", &[32, 4, 3, 3]),
+        ("encoder.down.0.block.0.conv1.weight", &[32, 32, 3, 3]),
+    ]);
+    let err = recognise(&t, &source(&owned), None).unwrap_err();
+    assert!(err.contains("vae.single_file, vae.twin"), "{err}");
+    assert!(err.contains("--converter"), "{err}");
+}
+
+#[test]
+fn openclip_splits_fused_qkv_into_row_parts_and_transposes_the_projection() {
+    let t = table();
+    let vars = HashMap::new();
+    let Some(Mapped::Keys { keys, op }) = t.map(
+        "open_clip",
+        "transformer.resblocks.3.attn.in_proj_weight",
+        &vars,
+    ) else {
+        panic!("not mapped");
+    };
+    assert_eq!(
+        keys,
+        [
+            "text_model.encoder.layers.3.self_attn.q_proj.weight",
+            "text_model.encoder.layers.3.self_attn.k_proj.weight",
+            "text_model.encoder.layers.3.self_attn.v_proj.weight",
+        ]
+    );
+    assert_eq!(op, Op::Same);
+    assert_eq!(
+        t.map("open_clip", "text_projection", &vars),
+        Some(Mapped::Keys {
+            keys: vec!["text_projection.weight".into()],
+            op: Op::Transpose
+        })
+    );
+    assert_eq!(t.map("open_clip", "logit_scale", &vars), Some(Mapped::Kept));
+}
+
+#[test]
+fn fused_rows_that_do_not_split_evenly_are_refused_by_name() {
+    let prefix = "conditioner.embedders.1.model.";
+    let owned = keys(&[
+        (
+            "conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.weight",
+            &[10, 4],
+        ),
+        (&format!("{prefix}token_embedding.weight"), &[10, 6]),
+        (
+            &format!("{prefix}transformer.resblocks.0.attn.in_proj_weight"),
+            &[17, 6],
+        ),
+    ]);
+    let converter = named("sdxl.single_file").unwrap();
+    let err = convert(table(), converter, &source(&owned)).unwrap_err();
+    assert!(
+        err.contains("in_proj_weight") && err.contains("split in 3"),
+        "{err}"
+    );
+}
