@@ -153,6 +153,21 @@ pub struct LaneReport {
     pub tensor_bytes: u64,
     /// Files the lane folder shows.
     pub files: usize,
+    /// For a single-file checkpoint stored as Diffusers components: how it was converted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub single_file: Option<SingleFileReport>,
+}
+
+/// How a single-file checkpoint was converted (`fs-layout/single_file.json`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SingleFileReport {
+    /// The converter (`sd2.single_file`).
+    pub converter: String,
+    /// The Diffusers pipeline class of the lane's `@diffusers` face; `None` for a model alone.
+    pub pipeline: Option<String>,
+    /// The scheduler's `prediction_type` (from the file's markers, `--prediction-type` or the
+    /// family), when the pipeline has a scheduler that says.
+    pub prediction_type: Option<String>,
 }
 
 /// Settings of an import.
@@ -455,6 +470,17 @@ pub fn import(
                 .count(),
             tensor_bytes,
             files: view.files.len(),
+            single_file: lane.single_file.as_ref().map(|single| SingleFileReport {
+                converter: single.converter.clone(),
+                pipeline: lane.pipeline.as_ref().map(|p| p.class.name.clone()),
+                prediction_type: lane
+                    .components
+                    .iter()
+                    .find(|c| c.name == "scheduler")
+                    .and_then(|c| c.config.get("prediction_type"))
+                    .and_then(|v| v.as_text())
+                    .map(str::to_owned),
+            }),
         });
     }
 

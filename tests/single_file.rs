@@ -380,11 +380,44 @@ fn a_declared_prediction_type_overrides_the_files_and_needs_a_converted_file() {
         ],
     );
     assert!(
-        err.contains("--prediction-type epsilon") && err.contains("not a single-file"),
+        err.contains("--prediction-type epsilon") && err.contains("not converted"),
         "{err}"
     );
     let listed = ok(&store, &["ls"]);
     assert!(!listed.contains("local/plain"), "{listed}");
+    // Nor a file a converter takes but cannot convert: the reason is given.
+    let mut depth = sd1_tensors();
+    depth[0].1 = vec![8, 5, 3, 3];
+    let depth = write(tmp.path(), "depth.safetensors", &depth);
+    let err = fails(
+        &store,
+        &[
+            "import",
+            depth.to_str().unwrap(),
+            "--name",
+            "local/depth",
+            "--prediction-type",
+            "epsilon",
+        ],
+    );
+    assert!(
+        err.contains("not converted") && err.contains("in_channels is 5"),
+        "{err}"
+    );
+    // Nor a VAE alone: it has no scheduler.
+    let vae = write(tmp.path(), "vae.safetensors", &vae_tensors());
+    let err = fails(
+        &store,
+        &[
+            "import",
+            vae.to_str().unwrap(),
+            "--name",
+            "local/vae",
+            "--prediction-type",
+            "epsilon",
+        ],
+    );
+    assert!(err.contains("no scheduler"), "{err}");
     let err = fails(
         &store,
         &[
@@ -670,6 +703,24 @@ fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
             "no_downsampler",
             Box::new(move |t| t.retain(|(k, _)| !k.contains(".op."))),
             "none is like input_blocks.{i}.0.op.weight",
+        ),
+        // A depth UNet (5 input channels) is no model of SD's pipelines.
+        (
+            "depth_unet",
+            Box::new(|t| t[0].1 = vec![8, 5, 3, 3]),
+            "unet's in_channels is 5, and this converter's pipelines take 4 or 9",
+        ),
+        // Class embeddings (unCLIP) under an SD 1.x/2.x layout: no StableDiffusionPipeline.
+        (
+            "unclip",
+            Box::new(move |t| t.push((format!("{u}label_emb.0.0.weight"), vec![32, 8]))),
+            "label_emb.0.0.weight: a UNet with class or added embeddings",
+        ),
+        // The gap names both keys whole.
+        (
+            "gap_prefix",
+            Box::new(move |t| t.retain(|(k, _)| !k.starts_with(&format!("{u}output_blocks.1.")))),
+            "model.diffusion_model.output_blocks.3 is there but not model.diffusion_model.output_blocks.1",
         ),
     ];
     for (name, change, why) in cases {

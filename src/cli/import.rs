@@ -161,6 +161,18 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
                 human(lane.tensor_bytes),
                 count(lane.files, "file"),
             );
+            if let Some(single) = &lane.single_file {
+                let made = single.pipeline.as_deref().unwrap_or("a model folder");
+                let predicts = single
+                    .prediction_type
+                    .as_deref()
+                    .map(|p| format!(", prediction type {p}"))
+                    .unwrap_or_default();
+                println!(
+                    "  a single-file checkpoint ({}): its Diffusers face {}@diffusers is {made}{predicts}",
+                    single.converter, lane.lane
+                );
+            }
         }
         match report.new_objects {
             0 => println!(

@@ -14,6 +14,9 @@ pub(crate) mod configs;
 #[cfg(test)]
 mod tests;
 
+/// The `__metadata__` key in which producers say what a model predicts (ModelSpec).
+const PREDICTION_METADATA: &str = "modelspec.prediction_type";
+
 /// The values to declare with `--prediction-type` (Diffusers' scheduler `prediction_type`).
 pub const PREDICTION_TYPES: [&str; 2] = ["epsilon", "v_prediction"];
 
@@ -30,7 +33,7 @@ pub const PREDICTION_TYPES: [&str; 2] = ["epsilon", "v_prediction"];
 /// # Errors
 /// Two converters match and `--converter` names none; the named one cannot convert the file;
 /// the family's files do not say what they predict and `prediction` is `None`; `prediction`
-/// is given for a file that is not converted.
+/// is given for a file that is not converted, or that makes no pipeline.
 pub(crate) fn apply(
     model: &mut super::lane::LaneModel,
     converter: Option<&str>,
@@ -49,14 +52,28 @@ pub(crate) fn apply(
     };
     let (path, lane_path) = (path.clone(), lane_path.clone());
     let fail = |why: String| ImportError::source(&path, why);
-    if !c.items.iter().all(|i| matches!(i, Item::Plain(_))) {
+    // A file that stays as it is: a warning, unless the user asked for a conversion
+    // (`--converter`) or declared what only a converted file has (`--prediction-type`).
+    let unconverted = |model: &mut super::lane::LaneModel, why: String| {
         if let Some(n) = named {
+            return Err(fail(format!("--converter {}: {why}", n.name)));
+        }
+        if let Some(p) = prediction {
             return Err(fail(format!(
-                "--converter {}: a quantized single file is not converted",
-                n.name
+                "--prediction-type {p}: the file is not converted to Diffusers components \
+                 ({why})"
             )));
         }
-        return Ok(());
+        let warning = format!("{lane_path}: not converted to Diffusers components: {why}");
+        model.warnings.push(warning);
+        Ok(())
+    };
+    if !c.items.iter().all(|i| matches!(i, Item::Plain(_))) {
+        let why = "a quantized single file is not converted".to_owned();
+        if named.is_none() && prediction.is_none() {
+            return Ok(());
+        }
+        return unconverted(model, why);
     }
     let arrays: Vec<SourceKey<'_>> = c
         .tensors
@@ -66,29 +83,23 @@ pub(crate) fn apply(
             shape: &t.shape,
         })
         .collect();
-    let unconverted = |model: &mut super::lane::LaneModel, why: String| {
-        let warning = format!("{lane_path}: not converted to Diffusers components: {why}");
-        model.warnings.push(warning);
-    };
-    let declared_for_nothing = || {
-        prediction.map(|p| {
-            fail(format!(
-                "--prediction-type {p}: the file is not a single-file checkpoint that is \
-                 converted to Diffusers components"
-            ))
-        })
-    };
     let conversion = match recognise(table(), &arrays, named).map_err(fail)? {
-        Outcome::Unknown => return declared_for_nothing().map_or(Ok(()), Err),
-        Outcome::Unconverted(why) => {
-            if let Some(e) = declared_for_nothing() {
-                return Err(e);
-            }
-            unconverted(model, why);
-            return Ok(());
+        Outcome::Unknown => {
+            let why = "no converter of fs-layout/single_file.json takes it".to_owned();
+            return match prediction {
+                Some(_) => unconverted(model, why),
+                None => Ok(()),
+            };
         }
+        Outcome::Unconverted(why) => return unconverted(model, why),
         Outcome::Converted(c) => c,
     };
+    let converter = &conversion.converter.name;
+    if let (Some(p), None) = (prediction, &conversion.converter.pipeline) {
+        return Err(fail(format!(
+            "--prediction-type {p}: {converter} makes a model alone, with no scheduler"
+        )));
+    }
     let metadata = model
         .file_metadata
         .get(&c.name)
@@ -96,19 +107,13 @@ pub(crate) fn apply(
     let family = &table().families[&conversion.converter.family];
     let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
     let mut marked = table().marked(&keys, metadata);
-    decide(family, &mut marked, prediction)
-        .map_err(|why| fail(format!("{}: {why}", conversion.converter.name)))?;
+    // The file must convert before what it predicts matters.
+    let decided = decide(family, &mut marked, prediction, metadata);
     let built = match build(&conversion, c, &path, &marked) {
         Ok(built) => built,
-        Err(why) => {
-            let why = format!("{}: {why}", conversion.converter.name);
-            if named.is_some() {
-                return Err(fail(format!("--converter {why}")));
-            }
-            unconverted(model, why);
-            return Ok(());
-        }
+        Err(why) => return unconverted(model, format!("{converter}: {why}")),
     };
+    decided.map_err(|why| fail(format!("{converter}: {why}")))?;
     // The file's own component keeps what no Diffusers component takes, in data order, under
     // a name no converted component has (a VAE downloaded as `vae.safetensors`).
     let mut own = model.components.pop().expect("one component");
@@ -177,6 +182,7 @@ fn decide(
     family: &serde_json::Value,
     marked: &mut Marked,
     prediction: Option<&str>,
+    metadata: &[(String, String)],
 ) -> Result<(), String> {
     if let Some(p) = prediction {
         marked
@@ -198,8 +204,14 @@ fn decide(
             .get("prediction_unknown")
             .and_then(serde_json::Value::as_str)
             .unwrap_or("its files do not say what the model predicts");
+        // A value the markers do not know is worth naming: the file says something.
+        let said = metadata
+            .iter()
+            .find(|(k, _)| k == PREDICTION_METADATA)
+            .map(|(_, v)| format!(" (its {PREDICTION_METADATA} {v:?} is none the table knows)"))
+            .unwrap_or_default();
         return Err(format!(
-            "{why}; declare it with --prediction-type {}",
+            "{why}{said}; declare it with --prediction-type {}",
             names.join("|")
         ));
     };
@@ -264,6 +276,7 @@ fn build(
         listed.push((rule.name.clone(), rule.class.clone()));
         components.push(m);
     }
+    converter.accepts(&derived)?;
     let pipeline = match converter.pipeline_for(&derived) {
         None => None,
         Some(class) => {

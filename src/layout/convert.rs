@@ -93,12 +93,28 @@ pub(crate) struct Converter {
     pub pipeline: Option<String>,
     /// Keys a file must hold to be this converter's.
     require: Vec<String>,
+    /// Keys a file of this converter's may not hold, each with why (a UNet with class
+    /// embeddings is no model of the converter's pipelines): such a file is not converted.
+    #[serde(default)]
+    forbid: Vec<Forbidden>,
+    /// Derived config values a converted file must have, by component: each key's allowed
+    /// values (the UNet's input channels: 4, or an inpainting variant's 9).
+    #[serde(default)]
+    accept: BTreeMap<String, BTreeMap<String, Vec<serde_json::Value>>>,
     /// Other pipeline classes, for files whose derived configs have these values (an
     /// inpainting UNet's 9 input channels), tried in order.
     #[serde(default)]
     variants: Vec<Variant>,
     /// The components, in the pipeline's order.
     pub components: Vec<ComponentRule>,
+}
+
+/// A key that rules a file out, and why.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Forbidden {
+    key: String,
+    why: String,
 }
 
 /// A pipeline class for files whose derived configs have values.
@@ -112,6 +128,31 @@ struct Variant {
 }
 
 impl Converter {
+    /// Whether components with the `derived` configs are among the models this converter's
+    /// pipelines build (`accept`).
+    ///
+    /// # Errors
+    /// The first value that is not allowed, with the values that are.
+    pub(crate) fn accepts(
+        &self,
+        derived: &BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<(), String> {
+        for (component, keys) in &self.accept {
+            for (key, allowed) in keys {
+                let value = derived.get(component).and_then(|c| c.get(key));
+                if !value.is_some_and(|v| allowed.contains(v)) {
+                    let shown: Vec<String> = allowed.iter().map(|v| v.to_string()).collect();
+                    return Err(format!(
+                        "{component}'s {key} is {}, and this converter's pipelines take {}",
+                        value.map_or("missing".into(), |v| v.to_string()),
+                        shown.join(" or ")
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The pipeline class for a file whose components have the `derived` configs: the first
     /// variant whose values they all have, else the converter's; `None` for a converter of a
     /// component alone.
@@ -674,7 +715,7 @@ impl Table {
 /// one list (a block left out, a stray key's index) means the file is not the model it looks
 /// like. (Only captured indices count: `time_embed.0` and `time_embed.2` are one module's
 /// children around a parameterless one.)
-fn gap(indexed: &[(String, i64)]) -> Option<String> {
+fn gap(prefix: &str, indexed: &[(String, i64)]) -> Option<String> {
     let mut lists: BTreeMap<&str, BTreeSet<i64>> = BTreeMap::new();
     for (list, n) in indexed {
         lists.entry(list).or_default().insert(*n);
@@ -682,7 +723,9 @@ fn gap(indexed: &[(String, i64)]) -> Option<String> {
     lists.into_iter().find_map(|(list, indices)| {
         let (first, last) = (*indices.first()?, *indices.last()?);
         let missing = (first..last).find(|n| !indices.contains(n))?;
-        Some(format!("{list}.{last} is there but not {list}.{missing}"))
+        Some(format!(
+            "{prefix}{list}.{last} is there but not {prefix}{list}.{missing}"
+        ))
     })
 }
 
@@ -794,6 +837,13 @@ fn convert<'t>(
     converter: &'t Converter,
     arrays: &[SourceKey<'_>],
 ) -> Result<Conversion<'t>, String> {
+    if let Some(f) = converter
+        .forbid
+        .iter()
+        .find(|f| arrays.iter().any(|a| a.key == f.key))
+    {
+        return Err(format!("it holds {}: {}", f.key, f.why));
+    }
     let mut owner: Vec<Option<usize>> = vec![None; arrays.len()];
     // The longest prefix takes a key (a component's prefix may contain another's).
     for (i, a) in arrays.iter().enumerate() {
@@ -884,8 +934,8 @@ fn convert<'t>(
             .iter()
             .flat_map(|&i| table.indexed(&rule.keymap, &arrays[i].key[rule.prefix.len()..], &vars))
             .collect();
-        if let Some(why) = gap(&indexed) {
-            return Err(format!("{}: {}{why}", rule.name, rule.prefix));
+        if let Some(why) = gap(&rule.prefix, &indexed) {
+            return Err(format!("{}: {why}", rule.name));
         }
         if !unmapped.is_empty() {
             let shown: Vec<&str> = unmapped.iter().take(3).copied().collect();

@@ -508,6 +508,12 @@ def main():
                          f"{family}: without {declared[0]} the import asks for it and stores nothing",
                          p.stderr.strip()[-300:])
         said = json.loads(tensorfs("import", file, "--name", f"local/{family}-single", "--json", *declared))
+        converted = said["lanes"][0].get("single_file") or {}
+        want = {"sd1": ("sd1.single_file", None), "sdxl": ("sdxl.single_file", "epsilon"),
+                "refiner": ("sdxl_refiner.single_file", "epsilon"), "sd2": ("sd2.single_file", "v_prediction")}
+        report.check((converted.get("converter"), converted.get("prediction_type")) == want[family]
+                     and converted.get("pipeline") == cls.__name__,
+                     f"{family}: the import says how it converted the file", str(converted))
         added = said["new_bytes"] / file.stat().st_size
         report.check(added <= 0.02, f"{family}: the single file adds at most 2 % to the folder's store",
                      f"{said['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")

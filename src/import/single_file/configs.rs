@@ -99,7 +99,14 @@ pub(crate) fn config(
     let mut config = match class.1.as_str() {
         "UNet2DConditionModel" => unet(&shapes, directive("heads"), directive("head_width"))?,
         "AutoencoderKL" => vae(&shapes)?,
-        "CLIPTextModel" | "CLIPTextModelWithProjection" => {
+        "CLIPTextModel" => clip_text(&shapes, directive("head_width"), dtype)?,
+        "CLIPTextModelWithProjection" => {
+            // Without its projection Transformers would make one up: random pooled embeddings.
+            if !shapes.has("text_projection.weight") {
+                return Err(
+                    "it has no text projection, which CLIPTextModelWithProjection needs".into(),
+                );
+            }
             clip_text(&shapes, directive("head_width"), dtype)?
         }
         other => return Err(format!("no config is derived for class {other}")),
@@ -335,6 +342,9 @@ fn clip_text(
     let width = head_width.ok_or("the family gives no head_width")?;
     if hidden % width != 0 {
         return Err(format!("{hidden} channels are not heads {width} wide"));
+    }
+    if s.count("text_model.encoder.layers.") == 0 {
+        return Err("it has no encoder layers left to convert".into());
     }
     let mut config = Map::new();
     config.insert("model_type".into(), json!("clip_text_model"));
