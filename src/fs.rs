@@ -64,6 +64,10 @@ pub const DECODED_SUFFIX: &str = "@decoded";
 /// `<lane>` (which shows the file itself).
 pub const DIFFUSERS_SUFFIX: &str = "@diffusers";
 
+/// The suffix of a Diffusers lane's single-file face: `<lane>@single` beside `<lane>`, for a
+/// pipeline a converter of `fs-layout/single_file.json` writes as one file.
+pub const SINGLE_SUFFIX: &str = "@single";
+
 /// A lane folder's contents: a face of a commit (as imported, decoded, or a single file's
 /// Diffusers folder).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

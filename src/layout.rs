@@ -61,7 +61,15 @@ pub enum Face {
     /// A single-file checkpoint's lane as a Diffusers folder (`<lane>@diffusers`): the
     /// components `model_index.json` lists, as the libraries write them.
     Diffusers,
+    /// A Diffusers pipeline's lane as the single file its components make (`<lane>@single`):
+    /// [`SINGLE_FILE_NAME`], in the key layout of the converter whose pipeline it is
+    /// ([`convert::reverse`]), each array a component's tensor (OpenCLIP's fused arrays its
+    /// row parts one after another, its projection transposed when read).
+    Single,
 }
+
+/// The file a lane's single-file face holds ([`Face::Single`]).
+pub const SINGLE_FILE_NAME: &str = "model.safetensors";
 
 /// Why a lane's view cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +242,9 @@ impl LaneView {
         header: &Header,
         face: Face,
     ) -> Result<LaneView, LayoutError> {
+        if face == Face::Single {
+            return Self::build_single(commit, tree, header, Files::new(commit));
+        }
         let mut files = Files::new(commit);
         for (path, object) in tree.repo_files() {
             files.add(
@@ -247,6 +258,7 @@ impl LaneView {
         if face == Face::Diffusers && !single_file {
             return Err(files.invalid(SINGLE_FILE, "the lane is no single-file checkpoint"));
         }
+
         let own = Self::single_file_component(header);
         let shown = |index: usize| match face {
             // Every component but the file's own (what Diffusers does not load).
@@ -254,6 +266,7 @@ impl LaneView {
             Face::Decoded => true,
             // The file holds the tensors; the Diffusers components' files are the other face.
             Face::AsImported => !single_file,
+            Face::Single => unreachable!("laid out above"),
         };
         let mut folders = canonical::folders(header);
         // A component alone (a VAE's file) is the Diffusers folder itself, as a Diffusers
@@ -295,6 +308,7 @@ impl LaneView {
             (Face::Diffusers, _) => {
                 canonical::lay_out(header, &folders, &chunks, &mut files, None, &shown)?
             }
+            (Face::Single, _) => unreachable!("laid out above"),
             (Face::Decoded, _) => {
                 let decoding = (shared.clone(), header_ref);
                 canonical::lay_out(
@@ -315,6 +329,99 @@ impl LaneView {
             header: shared,
             folders,
         })
+    }
+
+    /// The single-file face of a Diffusers lane ([`Face::Single`]): one file, the safetensors
+    /// file the safetensors library would write of the converter's arrays (dtype, then name;
+    /// `__metadata__` `{"format": "pt"}`), re-created by the recipe machinery that re-creates
+    /// an imported single file.
+    fn build_single(
+        commit: &ObjectRef,
+        tree: &Tree,
+        header: &Header,
+        mut files: Files,
+    ) -> Result<LaneView, LayoutError> {
+        use crate::format::{safetensors, Body};
+        use recipe::{ArraySource, SourceFile, SourceFiles};
+
+        let reversed = convert::reverse(convert::table(), header)
+            .map_err(|why| files.invalid(SINGLE_FILE_NAME, format!("no single file: {why}")))?;
+        let tensor = |component: &str, key: &str| {
+            header
+                .components
+                .iter()
+                .find(|c| c.name == component)
+                .and_then(|c| c.tensors.iter().find(|t| t.key == key))
+        };
+        let mut entries = Vec::with_capacity(reversed.arrays.len());
+        let mut arrays = BTreeMap::new();
+        for a in &reversed.arrays {
+            let mut length = 0;
+            let mut dtype = None;
+            for key in &a.tensors {
+                let t = tensor(&a.component, key).expect("reverse names the lane's tensors");
+                let Body::Plain(location) = &t.body else {
+                    unreachable!("reverse takes plain tensors only");
+                };
+                length += location.length;
+                dtype = Some(&t.dtype);
+            }
+            let dtype = dtype.expect("an array has a tensor");
+            entries.push(safetensors::Entry {
+                name: &a.key,
+                dtype,
+                shape: &a.shape,
+                length,
+            });
+            let source = match a.tensors.as_slice() {
+                [one] => ArraySource::Tensor {
+                    component: a.component.clone(),
+                    tensor: one.clone(),
+                    transposed: a.transposed,
+                },
+                many => ArraySource::Rows {
+                    component: a.component.clone(),
+                    tensors: many.to_vec(),
+                },
+            };
+            arrays.insert(a.key.clone(), source);
+        }
+        let metadata = [("format".to_owned(), "pt".to_owned())];
+        let (prefix, _) = safetensors::canonical_header(&entries, Some(&metadata));
+        let text = String::from_utf8(prefix[8..].to_vec()).expect("the header is JSON text");
+        let component = reversed.arrays[0].component.clone();
+        let recipe = SourceFiles(BTreeMap::from([(
+            SINGLE_FILE_NAME.to_owned(),
+            SourceFile::Safetensors {
+                component,
+                header: text,
+                arrays,
+            },
+        )]));
+        let chunks: Arc<[ObjectRef]> = header.chunks.clone().into();
+        let header_ref = *tree.header().1;
+        let shared = Arc::new(header.clone());
+        let folders = canonical::folders(header);
+        recipe.lay_out(
+            header,
+            &folders,
+            &chunks,
+            &mut files,
+            &(shared.clone(), header_ref),
+        )?;
+        Ok(LaneView {
+            files: files.finish()?,
+            commit: *commit,
+            header_ref,
+            header: shared,
+            folders,
+        })
+    }
+
+    /// Whether `header` is a Diffusers lane whose components make a single file, and so has
+    /// a single-file face ([`Face::Single`]).
+    pub fn has_single_face(header: &Header) -> bool {
+        !Self::is_single_file(header) && convert::reverse(convert::table(), header).is_ok()
     }
 
     /// Whether `header` is a single-file checkpoint's, and so has a Diffusers face.

@@ -746,3 +746,70 @@ fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
         );
     }
 }
+
+#[test]
+fn a_diffusers_folder_exports_as_the_single_file_it_was_made_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let file = write(tmp.path(), "sd.safetensors", &sd1_tensors());
+    ok(
+        &store,
+        &["import", file.to_str().unwrap(), "--name", "local/sd-file"],
+    );
+    // Its Diffusers face, imported as a Diffusers folder of its own.
+    let folder = tmp.path().join("folder");
+    ok(
+        &store,
+        &[
+            "export",
+            "local/sd-file",
+            folder.to_str().unwrap(),
+            "--diffusers",
+        ],
+    );
+    ok(
+        &store,
+        &[
+            "import",
+            folder.to_str().unwrap(),
+            "--name",
+            "local/sd-folder",
+        ],
+    );
+    let single = tmp.path().join("single");
+    ok(
+        &store,
+        &[
+            "export",
+            "local/sd-folder",
+            single.to_str().unwrap(),
+            "--single",
+        ],
+    );
+    let made = tensors_of(&single.join("model.safetensors"));
+    let original = tensors_of(&file);
+    // Every array of the file Diffusers loads, byte for byte (a VAE attention's 1×1 kernel
+    // written as a kernel again); the rest (position_ids, alphas_cumprod) the folder lacks.
+    let left_out: Vec<&String> = original.keys().filter(|k| !made.contains_key(*k)).collect();
+    assert_eq!(
+        left_out,
+        [
+            "alphas_cumprod",
+            "cond_stage_model.transformer.text_model.embeddings.position_ids"
+        ]
+    );
+    for (key, array) in &made {
+        assert!(original.get(key) == Some(array), "{key}");
+    }
+    // A lane that is no pipeline a converter writes has no such face.
+    let err = fails(
+        &store,
+        &[
+            "export",
+            "local/sd-file",
+            tmp.path().join("no").to_str().unwrap(),
+            "--single",
+        ],
+    );
+    assert!(err.contains("has no single-file face"), "{err}");
+}

@@ -32,6 +32,10 @@ pub struct Args {
     /// `<lane>@diffusers`): `model_index.json`, each component's config and weights.
     #[arg(long, conflicts_with = "decode")]
     pub diffusers: bool,
+    /// Write a Diffusers pipeline's lane as the single file its components make (what the
+    /// mount shows under `<lane>@single`: `model.safetensors`, in the CompVis/ComfyUI layout).
+    #[arg(long, conflicts_with_all = ["decode", "diffusers"])]
+    pub single: bool,
 }
 
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
@@ -39,7 +43,19 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let (target, commit) = resolve_one(&store, &args.reference, args.lane.as_deref())?;
     // No collection removes what is being copied.
     let _hold = store.hold(&commit.closure())?;
+    if args.single {
+        if let Err(why) =
+            crate::layout::convert::reverse(crate::layout::convert::table(), &commit.header)
+        {
+            bail!(
+                "{} lane {} has no single-file face: {why}",
+                args.reference,
+                target.lane
+            );
+        }
+    }
     let face = match (args.decode, args.diffusers) {
+        _ if args.single => Face::Single,
         (true, _) => Face::Decoded,
         (false, true) if !LaneView::is_single_file(&commit.header) => bail!(
             "{} lane {} was not imported from a single-file checkpoint, so it has no Diffusers \

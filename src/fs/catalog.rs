@@ -35,6 +35,8 @@ pub struct CommitLane {
     pub encoded: bool,
     /// Whether it is a single-file checkpoint's (and so has a Diffusers face).
     pub single_file: bool,
+    /// Whether its Diffusers components make a single file (and so it has a single-file face).
+    pub single_face: bool,
 }
 
 /// A commit laid out as a lane folder.
@@ -175,6 +177,7 @@ impl Catalog for StoreCatalog {
             mtime: self.blob_mtime(commit),
             encoded: LaneView::has_encoded(&c.header),
             single_file: LaneView::is_single_file(&c.header),
+            single_face: LaneView::has_single_face(&c.header),
         })
     }
 

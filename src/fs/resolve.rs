@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use super::catalog::CommitLane;
 use super::lanes::Lane;
 use super::namespace::Snapshot;
-use super::{CommitError, FsError, FsResult, LaneRef, TensorFs, DECODED_SUFFIX, DIFFUSERS_SUFFIX};
+use super::{
+    CommitError, FsError, FsResult, LaneRef, TensorFs, DECODED_SUFFIX, DIFFUSERS_SUFFIX,
+    SINGLE_SUFFIX,
+};
 use crate::format::ObjectRef;
 use crate::layout::Face;
 use crate::revisions;
@@ -47,9 +50,10 @@ impl TensorFs {
     }
 
     /// The lane folders of revision `rev` of repo `org/name`, each lane with encoded tensors
-    /// followed by its decoded view (`<lane>@decoded`), and each single-file checkpoint's by
-    /// its Diffusers folder (`<lane>@diffusers`); `None` when there is no such repo or
-    /// revision (any more).
+    /// followed by its decoded view (`<lane>@decoded`), each single-file checkpoint's by its
+    /// Diffusers folder (`<lane>@diffusers`), and each Diffusers pipeline a converter writes as
+    /// one file by that file (`<lane>@single`); `None` when there is no such repo or revision
+    /// (any more).
     pub(super) fn revision_lanes(
         &self,
         org: &str,
@@ -76,6 +80,9 @@ impl TensorFs {
             }
             if lane.single_file {
                 out.push((format!("{name}{DIFFUSERS_SUFFIX}"), face(Face::Diffusers)));
+            }
+            if lane.single_face {
+                out.push((format!("{name}{SINGLE_SUFFIX}"), face(Face::Single)));
             }
         }
         Ok(Some(out))

@@ -137,6 +137,7 @@ impl Catalog for MockCatalog {
             mtime: t(2000),
             encoded: false,
             single_file: false,
+            single_face: false,
         })
     }
 

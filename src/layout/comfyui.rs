@@ -144,13 +144,17 @@ pub struct LeftOut {
     pub why: String,
 }
 
-/// The faces of a commit that the ComfyUI view shows: the lane, and a single file's Diffusers
-/// folder (in `diffusers/`) beside the file itself (in `checkpoints/`).
+/// The faces of a commit that the ComfyUI view shows: the lane, a single file's Diffusers
+/// folder (in `diffusers/`) beside the file itself (in `checkpoints/`), and a Diffusers
+/// pipeline's single file (in `checkpoints/`) beside the folder (in `diffusers/`).
 pub fn faces(header: &crate::format::Header) -> &'static [super::Face] {
     use super::Face;
-    match LaneView::is_single_file(header) {
-        true => &[Face::AsImported, Face::Diffusers],
-        false => &[Face::AsImported],
+    if LaneView::is_single_file(header) {
+        &[Face::AsImported, Face::Diffusers]
+    } else if LaneView::has_single_face(header) {
+        &[Face::AsImported, Face::Single]
+    } else {
+        &[Face::AsImported]
     }
 }
 

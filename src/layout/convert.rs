@@ -101,6 +101,11 @@ pub(crate) struct Converter {
     /// values (the UNet's input channels: 4, or an inpainting variant's 9).
     #[serde(default)]
     accept: BTreeMap<String, BTreeMap<String, Vec<serde_json::Value>>>,
+    /// Config values, by component, that tell a lane of this converter's pipeline from
+    /// another's of the same class, for its single-file face (SD 1.x's text encoder is
+    /// quick-GELU, SD 2.x's GELU).
+    #[serde(default)]
+    single_when: BTreeMap<String, BTreeMap<String, Vec<serde_json::Value>>>,
     /// Other pipeline classes, for files whose derived configs have these values (an
     /// inpainting UNet's 9 input channels), tried in order.
     #[serde(default)]
@@ -187,6 +192,10 @@ pub(crate) struct ComponentRule {
     pub prefix: String,
     /// The keymap that renames the rest of each key.
     keymap: String,
+    /// The keymap that renames a Diffusers component's keys back to the file's (less the
+    /// prefix), for a lane's single-file face ([`reverse`]).
+    #[serde(default)]
+    reverse: Option<String>,
     /// `[library, class]`.
     pub class: (String, String),
 }
@@ -219,6 +228,12 @@ struct Rule {
     to: Target,
     sub: Option<String>,
     op: Op,
+    /// The other keys one array is made of, after the matched one, as templates over the
+    /// captures (a reverse keymap's fused `in_proj_weight` of `q_proj`, `k_proj`, `v_proj`).
+    with: Vec<Vec<TSeg>>,
+    /// The rule applies only when the component has a key starting with this template's
+    /// value (a reverse keymap's upsampler slot, which depends on whether its level attends).
+    when: Option<Vec<TSeg>>,
 }
 
 /// What a rule does to an array's shape (and, for a transpose, its bytes).
@@ -230,6 +245,8 @@ pub(crate) enum Op {
     Linear,
     /// A 2-D array transposed.
     Transpose,
+    /// An `[n, m]` linear weight written as an `[n, m, 1, 1]` kernel (`linear` reversed).
+    Kernel,
 }
 
 enum Target {
@@ -308,9 +325,10 @@ fn parse_table(text: &str) -> Result<Table, String> {
         if let Some(r) = c
             .components
             .iter()
-            .find(|r| !keymaps.contains_key(&r.keymap))
+            .flat_map(|r| std::iter::once(&r.keymap).chain(&r.reverse))
+            .find(|k| !keymaps.contains_key(*k))
         {
-            return Err(format!("{}: no keymap {:?}", c.name, r.keymap));
+            return Err(format!("{}: no keymap {r:?}", c.name));
         }
     }
     Ok(Table {
@@ -399,10 +417,36 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
         None => Op::Same,
         Some("linear") => Op::Linear,
         Some("transpose") => Op::Transpose,
+        Some("kernel") => Op::Kernel,
         Some(other) => return Err(format!("no op {other:?}")),
     };
-    if r.len() > 4 {
-        return Err("more than four fields".into());
+    let (mut with, mut when) = (Vec::new(), None);
+    match r.get(4) {
+        None => {}
+        Some(J::Object(fields)) => {
+            for (name, value) in fields {
+                match (name.as_str(), value) {
+                    ("with", J::Array(keys)) => {
+                        for k in keys {
+                            let J::String(k) = k else {
+                                return Err(format!("with: {k} is not a string"));
+                            };
+                            with.push(parse_target(k)?);
+                        }
+                    }
+                    ("if", J::String(prefix)) => when = Some(parse_target(prefix)?),
+                    _ => return Err(format!("no option {name:?} taking {value}")),
+                }
+            }
+        }
+        Some(other) => return Err(format!("options {other} are not an object")),
+    }
+    if r.len() > 5 {
+        return Err("more than five fields".into());
+    }
+    if !with.is_empty() && (sub.is_some() || !matches!(&to, Target::Keys(keys) if keys.len() == 1))
+    {
+        return Err("a rule that fuses arrays names one key and no sub-keymap".into());
     }
     if sub.is_some() && !matches!(from.last(), Some(PSeg::Rest)) {
         return Err("a sub-keymap needs a pattern ending in *".into());
@@ -410,7 +454,14 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
     if matches!(&to, Target::Keys(keys) if keys.len() > 1) && op != Op::Same {
         return Err("a split array takes no op".into());
     }
-    Ok(Rule { from, to, sub, op })
+    Ok(Rule {
+        from,
+        to,
+        sub,
+        op,
+        with,
+        when,
+    })
 }
 
 fn parse_pattern(text: &str) -> Result<Pattern, String> {
@@ -572,15 +623,44 @@ fn index(segment: &str) -> Option<i64> {
 /// What a keymap makes of one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Mapped {
-    /// The new key (N keys: the array's rows in N parts), and what happens to its shape.
-    Keys { keys: Vec<String>, op: Op },
+    /// The new key (N keys: the array's rows in N parts), and what happens to its shape;
+    /// `with`: the other keys whose rows follow this one's in the new array (a fused array).
+    Keys {
+        keys: Vec<String>,
+        op: Op,
+        with: Vec<String>,
+    },
     /// The key stays in the file's own component.
     Kept,
 }
 
+/// A template's value under `env`; `None` when an expression has no value.
+fn instantiate(
+    segments: &[TSeg],
+    env: &HashMap<String, i64>,
+    rest: Option<&str>,
+) -> Option<String> {
+    let mut out = Vec::with_capacity(segments.len());
+    for s in segments {
+        out.push(match s {
+            TSeg::Lit(l) => l.clone(),
+            TSeg::Expr(e) => e.eval(env)?.to_string(),
+            TSeg::Rest => rest?.to_owned(),
+        });
+    }
+    Some(out.join("."))
+}
+
 impl Table {
-    /// `key` (without its component's prefix) through keymap `name`, with `vars` bound.
-    fn map(&self, name: &str, key: &str, vars: &HashMap<String, i64>) -> Option<Mapped> {
+    /// `key` (without its component's prefix) through keymap `name`, with `vars` bound;
+    /// `present` says whether the component has a key starting with a text (rules' `if`).
+    fn map(
+        &self,
+        name: &str,
+        key: &str,
+        vars: &HashMap<String, i64>,
+        present: &dyn Fn(&str) -> bool,
+    ) -> Option<Mapped> {
         let keymap = &self.keymaps[name];
         let segments: Vec<&str> = key.split('.').collect();
         for rule in &keymap.rules {
@@ -589,10 +669,28 @@ impl Table {
             };
             let mut env = vars.clone();
             env.extend(captures);
+            if let Some(when) = &rule.when {
+                if !present(&instantiate(when, &env, None)?) {
+                    continue;
+                }
+            }
+            // The keys a sub-keymap fuses with the rest, as keys of this keymap.
+            let mut fused = Vec::new();
             let rest = match (&rule.sub, rest) {
-                // A sub-keymap renames one key; it neither splits nor computes.
-                (Some(sub), Some(rest)) => match self.map(sub, &rest, vars)? {
-                    Mapped::Keys { mut keys, op } if keys.len() == 1 && op != Op::Transpose => {
+                // A sub-keymap renames one key (or fuses it with others); it neither splits nor
+                // computes.
+                (Some(sub), Some(rest)) => match self.map(sub, &rest, vars, present)? {
+                    Mapped::Keys { mut keys, op, with }
+                        if keys.len() == 1 && op != Op::Transpose =>
+                    {
+                        let head = segments[..rule.from.len() - 1].join(".");
+                        fused = with
+                            .into_iter()
+                            .map(|w| match head.is_empty() {
+                                true => w,
+                                false => format!("{head}.{w}"),
+                            })
+                            .collect();
                         Some((keys.remove(0), op))
                     }
                     Mapped::Keys { .. } => return None,
@@ -627,7 +725,13 @@ impl Table {
                     keys
                 }
             };
-            return Some(Mapped::Keys { keys, op });
+            let mut with = rule
+                .with
+                .iter()
+                .map(|t| instantiate(t, &env, None))
+                .collect::<Option<Vec<_>>>()?;
+            with.extend(fused);
+            return Some(Mapped::Keys { keys, op, with });
         }
         None
     }
@@ -875,11 +979,21 @@ fn convert<'t>(
         let mut tensors = Vec::with_capacity(mine.len());
         let mut unmapped = Vec::new();
         let mut taken: HashMap<String, usize> = HashMap::new();
+        let sorted = Prefixes::new(keys.iter().copied());
+        let present = |p: &str| sorted.has(p);
         for (&i, key) in mine.iter().zip(&keys) {
-            match table.map(&rule.keymap, key, &vars) {
+            match table.map(&rule.keymap, key, &vars, &present) {
                 None => unmapped.push(arrays[i].key),
                 Some(Mapped::Kept) => kept.push(i),
-                Some(Mapped::Keys { keys: targets, op }) => {
+                Some(Mapped::Keys { with, .. }) if !with.is_empty() => {
+                    return Err(format!(
+                        "{}: a rule fuses arrays into {}",
+                        rule.name, arrays[i].key
+                    ));
+                }
+                Some(Mapped::Keys {
+                    keys: targets, op, ..
+                }) => {
                     let source = arrays[i];
                     let shape = match (op, source.shape) {
                         (Op::Linear, [n, m, 1, 1] | [n, m]) => vec![*n, *m],
@@ -955,6 +1069,285 @@ fn convert<'t>(
         components,
         kept,
     })
+}
+
+/// Keys sorted, for asking whether one starts with a text.
+struct Prefixes<'a>(Vec<&'a str>);
+
+impl<'a> Prefixes<'a> {
+    fn new(keys: impl Iterator<Item = &'a str>) -> Prefixes<'a> {
+        let mut keys: Vec<&str> = keys.collect();
+        keys.sort_unstable();
+        Prefixes(keys)
+    }
+
+    /// Whether a key starts with `prefix`.
+    fn has(&self, prefix: &str) -> bool {
+        let at = self.0.partition_point(|k| *k < prefix);
+        self.0.get(at).is_some_and(|k| k.starts_with(prefix))
+    }
+}
+
+/// One array of the single file a lane's components make ([`reverse`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FileArray {
+    /// Its key in the file (with its component's prefix).
+    pub key: String,
+    /// Its shape in the file.
+    pub shape: Vec<u64>,
+    /// The component whose tensors it is.
+    pub component: String,
+    /// The tensors whose rows, one after another, are the array (one for most; OpenCLIP's
+    /// fused `in_proj_weight` is Diffusers' `q_proj`, `k_proj`, `v_proj`).
+    pub tensors: Vec<String>,
+    /// Whether the array is its one tensor transposed.
+    pub transposed: bool,
+}
+
+/// A lane's components as one converter's single file.
+#[derive(Debug)]
+pub(crate) struct Reversed<'t> {
+    /// The converter whose file it is.
+    #[cfg_attr(not(test), allow(dead_code))] // what tests ask of a reversal
+    pub converter: &'t Converter,
+    /// The file's arrays, in no particular order.
+    pub arrays: Vec<FileArray>,
+}
+
+/// The single file a lane's Diffusers components make, in the layout of the converter whose
+/// pipeline they are (its `single_when` config values told apart, SD 1.x's quick-GELU text
+/// encoder from SD 2.x's GELU one): each component's tensors through its `reverse` keymap,
+/// under its prefix. The file is checked by converting it back: it must give exactly the
+/// components' tensors, so what loads the file loads the lane.
+///
+/// # Errors
+/// No converter (or several) makes such a file, a component has encoded tensors, a tensor
+/// has no rule, or the file would not convert back to the components.
+pub(crate) fn reverse<'t>(
+    table: &'t Table,
+    header: &crate::format::Header,
+) -> Result<Reversed<'t>, String> {
+    use crate::format::{Body, Value};
+    let class = header
+        .pipeline
+        .as_ref()
+        .map(|p| p.class.name.as_str())
+        .ok_or("it has no pipeline")?;
+    let weighted: BTreeSet<&str> = header
+        .components
+        .iter()
+        .filter(|c| !c.tensors.is_empty())
+        .map(|c| c.name.as_str())
+        .collect();
+    let value_is = |v: &Value, want: &serde_json::Value| match (v, want) {
+        (Value::Text(t), serde_json::Value::String(w)) => t == w,
+        (Value::Uint(n), serde_json::Value::Number(w)) => w.as_u64() == Some(*n),
+        (Value::Bool(b), serde_json::Value::Bool(w)) => b == w,
+        _ => false,
+    };
+    let fits = |c: &&Converter| {
+        let classes = c
+            .pipeline
+            .iter()
+            .chain(c.variants.iter().map(|v| &v.pipeline));
+        let names: BTreeSet<&str> = c.components.iter().map(|r| r.name.as_str()).collect();
+        c.components.iter().all(|r| r.reverse.is_some())
+            && classes.into_iter().any(|p| p == class)
+            && names == weighted
+            && c.single_when.iter().all(|(component, keys)| {
+                let config = header.components.iter().find(|x| x.name == *component);
+                keys.iter().all(|(key, allowed)| {
+                    let value = config.and_then(|x| x.config.get(key));
+                    value.is_some_and(|v| allowed.iter().any(|w| value_is(v, w)))
+                })
+            })
+    };
+    let found: Vec<&Converter> = table.converters.iter().filter(fits).collect();
+    let converter = match found.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(format!(
+                "no converter makes a single file of a {class} of {}",
+                weighted.iter().copied().collect::<Vec<_>>().join(", ")
+            ))
+        }
+        many => {
+            let names: Vec<&str> = many.iter().map(|c| c.name.as_str()).collect();
+            return Err(format!(
+                "several converters make one ({})",
+                names.join(", ")
+            ));
+        }
+    };
+    let mut arrays = Vec::new();
+    for rule in &converter.components {
+        let keymap = rule.reverse.as_deref().expect("checked above");
+        let component = header
+            .components
+            .iter()
+            .find(|c| c.name == rule.name)
+            .expect("checked above");
+        let mut shapes: HashMap<&str, (&crate::format::Dtype, &[u64])> = HashMap::new();
+        for t in &component.tensors {
+            match &t.body {
+                Body::Plain(_) => shapes.insert(&t.key, (&t.dtype, &t.shape)),
+                Body::Encoded { .. } => {
+                    return Err(format!("{}: {} is encoded", rule.name, t.key));
+                }
+            };
+        }
+        let keys: Vec<&str> = component.tensors.iter().map(|t| t.key.as_str()).collect();
+        let vars = table
+            .vars(keymap, &keys)
+            .map_err(|why| format!("{}: {why}", rule.name))?;
+        let sorted = Prefixes::new(keys.iter().copied());
+        let present = |p: &str| sorted.has(p);
+        // The keys another key's rule fuses with it (the rule takes the first of them, in
+        // whichever order the component lists them).
+        let fused: BTreeSet<String> = keys
+            .iter()
+            .filter_map(|key| match table.map(keymap, key, &vars, &present) {
+                Some(Mapped::Keys { with, .. }) => Some(with),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        for key in &keys {
+            if fused.contains(*key) {
+                continue;
+            }
+            let (dtype, shape) = shapes[key];
+            let (target, op, with) = match table.map(keymap, key, &vars, &present) {
+                None => return Err(format!("{}: no rule takes {key}", rule.name)),
+                Some(Mapped::Kept) => continue,
+                Some(Mapped::Keys { mut keys, op, with }) if keys.len() == 1 => {
+                    (keys.remove(0), op, with)
+                }
+                Some(Mapped::Keys { .. }) => {
+                    return Err(format!("{}: a reverse rule splits {key}", rule.name))
+                }
+            };
+            let mut rows = shape.first().copied().unwrap_or(0);
+            for other in &with {
+                match shapes.get(other.as_str()) {
+                    Some((d, s)) if *d == dtype && s.get(1..) == shape.get(1..) => rows += s[0],
+                    _ => {
+                        return Err(format!(
+                            "{}: {key} is fused with {other}, which it has not, or not of its \
+                             dtype and width",
+                            rule.name
+                        ))
+                    }
+                }
+            }
+            let shape = match (op, shape) {
+                (Op::Same, s) if with.is_empty() => s.to_vec(),
+                (Op::Same, [_, rest @ ..]) => [&[rows][..], rest].concat(),
+                (Op::Transpose, [n, m]) => vec![*m, *n],
+                (Op::Kernel, [n, m]) => vec![*n, *m, 1, 1],
+                (op, s) => {
+                    return Err(format!(
+                        "{}: {key} of shape {s:?} takes no {op:?}",
+                        rule.name
+                    ))
+                }
+            };
+            arrays.push(FileArray {
+                key: format!("{}{target}", rule.prefix),
+                shape,
+                component: rule.name.clone(),
+                tensors: std::iter::once(key.to_string()).chain(with).collect(),
+                transposed: op == Op::Transpose,
+            });
+        }
+    }
+    check_round_trip(table, converter, header, &arrays)?;
+    Ok(Reversed { converter, arrays })
+}
+
+/// That `arrays`, converted by `converter`, give back the header's components' tensors: each
+/// array its tensors (the same row parts, transposed or not, with their shapes), under their
+/// own keys or keys the component's reverse keymap takes to the same array (Transformers'
+/// two names of a CLIP text model's parameters, with and without `text_model.`), and no
+/// array left in the file's own component.
+fn check_round_trip(
+    table: &Table,
+    converter: &Converter,
+    header: &crate::format::Header,
+    arrays: &[FileArray],
+) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    if let Some(a) = arrays.iter().find(|a| !seen.insert(a.key.as_str())) {
+        return Err(format!("two tensors would both be {}", a.key));
+    }
+    let keys: Vec<SourceKey<'_>> = arrays
+        .iter()
+        .map(|a| SourceKey {
+            key: &a.key,
+            shape: &a.shape,
+        })
+        .collect();
+    let back = convert(table, converter, &keys)
+        .map_err(|why| format!("it would not convert back: {why}"))?;
+    if let Some(&i) = back.kept.first() {
+        return Err(format!(
+            "{} would stay in the file's own component",
+            arrays[i].key
+        ));
+    }
+    let mut parts: HashMap<usize, usize> = HashMap::new();
+    for converted in &back.components {
+        let rule = converted.rule;
+        let component = header
+            .components
+            .iter()
+            .find(|c| c.name == rule.name)
+            .ok_or_else(|| format!("no component {}", rule.name))?;
+        let shapes: HashMap<&str, &[u64]> = component
+            .tensors
+            .iter()
+            .map(|t| (t.key.as_str(), t.shape.as_slice()))
+            .collect();
+        let keys: Vec<&str> = component.tensors.iter().map(|t| t.key.as_str()).collect();
+        let reverse = rule.reverse.as_deref().expect("a reversed component");
+        let vars = table.vars(reverse, &keys)?;
+        let sorted = Prefixes::new(keys.iter().copied());
+        let present = |p: &str| sorted.has(p);
+        // The file key that `key`, a name of the component's, is written as.
+        let written = |key: &str| match table.map(reverse, key, &vars, &present) {
+            Some(Mapped::Keys { keys, .. }) => keys.first().map(|k| format!("{}{k}", rule.prefix)),
+            _ => None,
+        };
+        for r in &converted.tensors {
+            let array = &arrays[r.source];
+            let part = r.part.map_or(0, |(k, _)| k as usize);
+            let tensor = array.tensors.get(part).map(String::as_str);
+            let named = tensor == Some(r.key.as_str())
+                || (array.tensors.len() == 1
+                    && written(&r.key).as_deref() == Some(array.key.as_str()));
+            let same = named
+                && array.component == rule.name
+                && tensor.and_then(|t| shapes.get(t)) == Some(&r.shape.as_slice())
+                && array.tensors.len() == r.part.map_or(1, |(_, n)| n as usize)
+                && array.transposed == r.transposed;
+            if !same {
+                return Err(format!(
+                    "{} would convert back to {}'s {} otherwise",
+                    array.key, rule.name, r.key
+                ));
+            }
+            *parts.entry(r.source).or_default() += 1;
+        }
+    }
+    if let Some((i, a)) = arrays
+        .iter()
+        .enumerate()
+        .find(|(i, a)| parts.get(i).copied().unwrap_or(0) != a.tensors.len())
+    {
+        let _ = i;
+        return Err(format!("{} would not convert back to its tensors", a.key));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

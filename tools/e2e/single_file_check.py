@@ -463,6 +463,48 @@ def check_mounted(report, mnt, family, pipe, folder, file, cls, lane):
                  f"max |Δ| {float((a - b).abs().max()):.3g}")
 
 
+def check_single_face(report, mnt, family, pipe, folder, file, cls):
+    """The Diffusers folder's lane shows the single file its components make (`<lane>@single`):
+    every array equal to the original single file's of that key, diffusers' from_single_file
+    of it gives the folder's tensors, and @comfyui/checkpoints lists it."""
+    from safetensors import safe_open
+
+    base = mnt / "local" / family / "latest"
+    faces = sorted(p.name for p in base.iterdir())
+    single = [f for f in faces if f.endswith("@single")]
+    if family == "sd2":
+        # The folder's text encoder lacks the last layer SD 2.x files carry: no such file.
+        report.check(not single, f"{family}: a Diffusers SD 2.x folder has no single-file face", str(faces))
+        return
+    report.check(len(single) == 1, f"{family}: the Diffusers folder's lane has a single-file face", str(faces))
+    if not single:
+        return
+    made = base / single[0] / "model.safetensors"
+    with safe_open(str(made), framework="pt") as ours, safe_open(str(file), framework="pt") as theirs:
+        keys, original = set(ours.keys()), set(theirs.keys())
+        extra = sorted(keys - original)
+        differ = [k for k in sorted(keys & original)
+                  if not torch_equal(ours.get_tensor(k), theirs.get_tensor(k))]
+        report.check(not extra and not differ,
+                     f"{family}: every array of @single equals the original file's ({len(keys)} of {len(original)})",
+                     f"not in the original: {extra[:3]}; other bytes: {differ[:3]}; "
+                     f"left out: {sorted(original - keys)[:5]}")
+    again = cls.from_single_file(str(made), config=str(folder), local_files_only=True)
+    bad = same_tensors(state_dicts(pipe), state_dicts(again))
+    report.check(not bad, f"{family}: from_single_file(@single, config=the folder) equals the folder",
+                 ", ".join(bad[:5]))
+    checkpoints = [p for p in (mnt / "@comfyui" / "checkpoints").rglob("*.safetensors")
+                   if p.name == f"{family}.safetensors"]
+    report.check(len(checkpoints) == 1 and common.sha256_file(checkpoints[0]) == common.sha256_file(made),
+                 f"{family}: @comfyui/checkpoints shows the folder's single file", str(checkpoints))
+
+
+def torch_equal(a, b):
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensorfs", required=True, type=Path)
@@ -534,6 +576,7 @@ def main():
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
         for family, (pipe, folder, file, cls, lane) in families.items():
             check_mounted(report, mnt, family, pipe, folder, file, cls, lane)
+            check_single_face(report, mnt, family, pipe, folder, file, cls)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
 
 

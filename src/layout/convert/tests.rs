@@ -406,10 +406,12 @@ fn two_matching_converters_are_refused() {
 fn openclip_splits_fused_qkv_into_row_parts_and_transposes_the_projection() {
     let t = table();
     let vars = HashMap::new();
-    let Some(Mapped::Keys { keys, op }) = t.map(
+    let none = |_: &str| false;
+    let Some(Mapped::Keys { keys, op, .. }) = t.map(
         "open_clip",
         "transformer.resblocks.3.attn.in_proj_weight",
         &vars,
+        &none,
     ) else {
         panic!("not mapped");
     };
@@ -423,13 +425,17 @@ fn openclip_splits_fused_qkv_into_row_parts_and_transposes_the_projection() {
     );
     assert_eq!(op, Op::Same);
     assert_eq!(
-        t.map("open_clip", "text_projection", &vars),
+        t.map("open_clip", "text_projection", &vars, &none),
         Some(Mapped::Keys {
             keys: vec!["text_projection.weight".into()],
-            op: Op::Transpose
+            op: Op::Transpose,
+            with: vec![],
         })
     );
-    assert_eq!(t.map("open_clip", "logit_scale", &vars), Some(Mapped::Kept));
+    assert_eq!(
+        t.map("open_clip", "logit_scale", &vars, &none),
+        Some(Mapped::Kept)
+    );
 }
 
 #[test]
@@ -452,4 +458,169 @@ fn fused_rows_that_do_not_split_evenly_are_refused_by_name() {
         err.contains("in_proj_weight") && err.contains("split in 3"),
         "{err}"
     );
+}
+
+/// A header of the Diffusers lane a conversion makes (each converted tensor F32, plain), as
+/// a Diffusers folder's import stores it, with `pipeline` and its text encoder's `hidden_act`.
+fn lane_of(c: &Conversion<'_>, pipeline: &str, hidden_act: &str) -> crate::format::Header {
+    use crate::format::{
+        Body, ClassRef, Component, Config, Dtype, Header, Location, Pipeline, Tensor, Value,
+    };
+    let class = |library: &str, name: &str| ClassRef {
+        library: library.into(),
+        version: "1".into(),
+        name: name.into(),
+    };
+    let components = c
+        .components
+        .iter()
+        .map(|x| {
+            let mut config = Config::new();
+            if x.rule.name.starts_with("text_encoder") {
+                config.insert("hidden_act".into(), Value::Text(hidden_act.into()));
+            }
+            Component {
+                name: x.rule.name.clone(),
+                class: class(&x.rule.class.0, &x.rule.class.1),
+                config,
+                tensors: x
+                    .tensors
+                    .iter()
+                    .map(|r| Tensor {
+                        key: r.key.clone(),
+                        dtype: Dtype::F32,
+                        shape: r.shape.clone(),
+                        body: Body::Plain(Location {
+                            chunk: 0,
+                            offset: 0,
+                            length: 0,
+                        }),
+                    })
+                    .collect(),
+                assets: Default::default(),
+                config_file: None,
+            }
+        })
+        .collect();
+    Header {
+        format: "cozytensors/1".into(),
+        chunks: vec![],
+        encodings: vec![],
+        pipeline: Some(Pipeline {
+            class: class("diffusers", pipeline),
+            config: Config::new(),
+        }),
+        components,
+        metadata: Config::new(),
+    }
+}
+
+#[test]
+fn a_diffusers_lane_becomes_the_single_file_it_came_from() {
+    let owned = sd1_like();
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    let header = lane_of(&c, "StableDiffusionPipeline", "quick_gelu");
+    let reversed = reverse(table(), &header).unwrap();
+    assert_eq!(reversed.converter.name, "sd1.single_file");
+    let mut got: Vec<(String, Vec<u64>)> = reversed
+        .arrays
+        .iter()
+        .map(|a| (a.key.clone(), a.shape.clone()))
+        .collect();
+    got.sort();
+    // Every array of the file but those Diffusers does not load, with its own shape (the
+    // VAE's attention a 1×1 kernel again).
+    let mut want: Vec<(String, Vec<u64>)> = c
+        .components
+        .iter()
+        .flat_map(|x| x.tensors.iter().map(|r| owned[r.source].clone()))
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    // SD 2.x's text encoder is GELU: no SD 1.x file of it.
+    let err = reverse(table(), &lane_of(&c, "StableDiffusionPipeline", "gelu")).unwrap_err();
+    assert!(err.contains("no converter"), "{err}");
+}
+
+#[test]
+fn openclips_q_k_v_fuse_back_and_the_projection_transposes_back() {
+    let mut owned: Vec<(String, Vec<u64>)> = sd1_like()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("cond_stage_model.") && k != "alphas_cumprod")
+        .collect();
+    owned.push((
+        "model.diffusion_model.label_emb.0.0.weight".into(),
+        vec![128, 2560],
+    ));
+    for (k, shape) in sd2_text_encoder(2) {
+        owned.push((
+            k.replace("cond_stage_model.model.", "conditioner.embedders.0.model."),
+            shape,
+        ));
+    }
+    owned.retain(|(k, _)| !k.ends_with("logit_scale"));
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    let header = lane_of(&c, "StableDiffusionXLImg2ImgPipeline", "gelu");
+    let reversed = reverse(table(), &header).unwrap();
+    assert_eq!(reversed.converter.name, "sdxl_refiner.single_file");
+    let fused = reversed
+        .arrays
+        .iter()
+        .find(|a| {
+            a.key == "conditioner.embedders.0.model.transformer.resblocks.1.attn.in_proj_weight"
+        })
+        .unwrap();
+    assert_eq!(fused.shape, [24, 8]);
+    assert_eq!(
+        fused.tensors,
+        ["q", "k", "v"].map(|x| format!("text_model.encoder.layers.1.self_attn.{x}_proj.weight"))
+    );
+    let projection = reversed
+        .arrays
+        .iter()
+        .find(|a| a.key == "conditioner.embedders.0.model.text_projection")
+        .unwrap();
+    assert!(projection.transposed && projection.tensors == ["text_projection.weight"]);
+    let mut got: Vec<String> = reversed.arrays.iter().map(|a| a.key.clone()).collect();
+    got.sort();
+    let mut want: Vec<String> = owned.iter().map(|(k, _)| k.clone()).collect();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_lane_whose_tensors_would_not_convert_back_has_no_single_file() {
+    let owned = sd1_like();
+    let arrays = source(&owned);
+    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+        panic!("not converted");
+    };
+    // A tensor no reverse rule takes.
+    let mut header = lane_of(&c, "StableDiffusionPipeline", "quick_gelu");
+    let unet = header
+        .components
+        .iter_mut()
+        .find(|x| x.name == "unet")
+        .unwrap();
+    let mut extra = unet.tensors[0].clone();
+    extra.key = "extra.weight".into();
+    unet.tensors.push(extra);
+    let err = reverse(table(), &header).unwrap_err();
+    assert!(err.contains("unet: no rule takes extra.weight"), "{err}");
+    // A level whose resnets Diffusers would not build: the file would not convert back.
+    let mut header = lane_of(&c, "StableDiffusionPipeline", "quick_gelu");
+    let unet = header
+        .components
+        .iter_mut()
+        .find(|x| x.name == "unet")
+        .unwrap();
+    unet.tensors
+        .retain(|t| !t.key.starts_with("up_blocks.0.resnets.1."));
+    assert!(reverse(table(), &header).is_err());
 }
