@@ -197,18 +197,7 @@ impl Located {
         pieces: &[(ObjectRef, u64, u64)],
     ) -> Located {
         let mut extents = Vec::with_capacity(pieces.len());
-        let mut file_offset = 0;
-        for &(blob, offset, length) in pieces.iter().filter(|p| p.2 > 0) {
-            extents.push(Extent {
-                part: 0,
-                blob,
-                path: store_root.join(blob.blob_path()),
-                offset,
-                length,
-                file_offset,
-            });
-            file_offset += length;
-        }
+        let file_offset = extents_of(store_root, 0, pieces.iter().copied(), 0, &mut extents);
         Located {
             file: file.to_owned(),
             key: key.to_owned(),
@@ -506,23 +495,14 @@ impl FileTensors {
         store_root: &Path,
         part: usize,
         location: Location,
-        mut file_offset: u64,
+        file_offset: u64,
         out: &mut Vec<Extent>,
     ) -> Result<(), String> {
-        let mut covered = 0;
-        for (chunk, offset, length) in self.header.pieces(location) {
-            let blob = self.header.chunks[chunk];
-            out.push(Extent {
-                part,
-                blob,
-                path: store_root.join(blob.blob_path()),
-                offset,
-                length,
-                file_offset,
-            });
-            file_offset += length;
-            covered += length;
-        }
+        let pieces = self
+            .header
+            .pieces(location)
+            .map(|(chunk, offset, length)| (self.header.chunks[chunk], offset, length));
+        let covered = extents_of(store_root, part, pieces, file_offset, out) - file_offset;
         if covered != location.length {
             return Err(format!(
                 "its location (chunk {}, offset {}, {} bytes) runs past the last chunk",
@@ -531,6 +511,29 @@ impl FileTensors {
         }
         Ok(())
     }
+}
+
+/// Appends the extents of part `part` made of `pieces` (blob, offset in it, length; empty
+/// ones skipped), shown in the file from `file_offset` on; returns where they end in the file.
+fn extents_of(
+    store_root: &Path,
+    part: usize,
+    pieces: impl Iterator<Item = (ObjectRef, u64, u64)>,
+    mut file_offset: u64,
+    out: &mut Vec<Extent>,
+) -> u64 {
+    for (blob, offset, length) in pieces.filter(|p| p.2 > 0) {
+        out.push(Extent {
+            part,
+            blob,
+            path: store_root.join(blob.blob_path()),
+            offset,
+            length,
+            file_offset,
+        });
+        file_offset += length;
+    }
+    file_offset
 }
 
 /// Locates `tensor` in file `file` of `view`, a lane of `store`: [`FileTensors::new`] then
