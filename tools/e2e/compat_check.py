@@ -177,7 +177,8 @@ def check_a(args, report, models, work):
         for name, source in models:
             variants = source_variants(source)
             root = root_of(name)
-            lanes = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+            # Faces of a lane (`<lane>@single`, a pipeline's single file) are no lanes.
+            lanes = sorted(p.name for p in root.iterdir() if "@" not in p.name) if root.is_dir() else []
             wanted = {None: None}
             wanted.update({REFERENCE_LANE_OF_VARIANT.get(v, v): v for v in variants})
             # The default lane is named by its dtype: whichever lane is not a variant's.

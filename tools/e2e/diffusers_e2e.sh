@@ -30,11 +30,16 @@ for name in tiny-sd tiny-sd-partial; do
 done
 step "tensorfs mount" mount_store "$store" "$mnt" "$work/mount.log"
 
-# The default lane is the one that is not fp16 (named by its dtype, f32 here).
-lanes="$(lanes_of "$mnt/local/tiny-sd/latest" 2>/dev/null)" || true
+# The default lane is the one that is not fp16 (named by its dtype, f32 here). Faces of a lane
+# (`<lane>@single`, the single file an SD 1.x pipeline's components make) are no lanes.
+listed="$(lanes_of "$mnt/local/tiny-sd/latest" 2>/dev/null)" || true
+lanes="$(printf '%s\n' "$listed" | grep -v @ || true)"
 default_lane="$(printf '%s\n' "$lanes" | grep -vx fp16 || true)"
 if [ "$(printf '%s\n' "$default_lane" | grep -c .)" != 1 ] || ! printf '%s\n' "$lanes" | grep -qx fp16; then
-    die "expected lanes fp16 and one default lane under $mnt/local/tiny-sd/latest, found: ${lanes//$'\n'/ }"
+    die "expected lanes fp16 and one default lane under $mnt/local/tiny-sd/latest, found: ${listed//$'\n'/ }"
+fi
+if ! printf '%s\n' "$listed" | grep -qx "$default_lane@single"; then
+    die "expected the SD 1.x pipeline's single-file face $default_lane@single, found: ${listed//$'\n'/ }"
 fi
 checks=0
 check() {
