@@ -18,7 +18,8 @@
  *   ENOTTY      not a TensorFS file, or a daemon without these commands
  *   EOPNOTSUPP  the file is not a .safetensors file of a lane (a config, an asset, a folder)
  *   ENOENT      no tensor of that name in the file
- *   ENODATA     the tensor is decoded in this view (<lane>@decoded): no stored bytes hold it
+ *   ENODATA     the tensor is decoded in this view (<lane>@decoded), or a single file's array
+ *               made when read (transposed): no stored bytes hold it as the file shows it
  *   EINVAL      malformed query (reserved field not 0, name empty or without NUL, part index
  *               past the last part)
  *   EPROTO      abi_version is not one the daemon speaks

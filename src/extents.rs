@@ -43,16 +43,20 @@ pub enum LocateError {
         /// The file.
         file: String,
     },
-    /// The file is a single-file checkpoint's, whose arrays are several components' tensors
-    /// (some of them split or transposed): its extents are not given; the lane's Diffusers
-    /// face has each component's weights file.
+    /// The array's bytes are made when read (a single file's transposed array, or a marker
+    /// array the file's plan holds): no blob holds them as the file shows them.
     #[error(
-        "{file}: a single-file checkpoint's arrays are its components' tensors; locate them in \
-         the lane's @diffusers folder"
+        "{file}: array {tensor:?} is {how} when read, so no blob holds it as the file shows \
+         it; read it from the file"
     )]
-    SingleFile {
+    Computed {
         /// The file.
         file: String,
+        /// The array's name.
+        tensor: String,
+        /// How its bytes are made: `transposed`, `decoded`, `copied from the file's plan`
+        /// (an inline marker array) or `zero-filled`.
+        how: &'static str,
     },
     /// The file holds no tensor of that name.
     #[error("{file}: no tensor {tensor:?}")]
@@ -89,16 +93,14 @@ pub enum LocateError {
 }
 
 impl LocateError {
-    /// The errno the mount answers with: `EOPNOTSUPP` (not a safetensors file, or a single
-    /// file's), `ENOENT` (no such tensor), `ENODATA` (decoded in this view), `EIO`
+    /// The errno the mount answers with: `EOPNOTSUPP` (not a safetensors file), `ENOENT` (no
+    /// such tensor), `ENODATA` (decoded in this view, or computed when read), `EIO`
     /// (inconsistent layout).
     pub fn errno(&self) -> i32 {
         match self {
-            LocateError::NoFile { .. }
-            | LocateError::NotSafetensors { .. }
-            | LocateError::SingleFile { .. } => libc::EOPNOTSUPP,
+            LocateError::NoFile { .. } | LocateError::NotSafetensors { .. } => libc::EOPNOTSUPP,
             LocateError::NoTensor { .. } => libc::ENOENT,
-            LocateError::Decoded { .. } => libc::ENODATA,
+            LocateError::Decoded { .. } | LocateError::Computed { .. } => libc::ENODATA,
             LocateError::Invalid { .. } => libc::EIO,
         }
     }
@@ -228,19 +230,36 @@ impl Located {
 pub struct FileTensors {
     file: String,
     header: Arc<Header>,
-    component: usize,
-    /// The file shows its encoded tensors decoded.
-    decodes: bool,
     /// Each entry of the file's safetensors header → its absolute byte range in the file.
     entries: HashMap<String, Range<u64>>,
-    /// Each name a query may use → the tensor's index in the component: the keys of the
-    /// tensors the file holds, and the entry names of encoded tensors' parts.
-    names: HashMap<String, usize>,
-    /// The entry of each part `(tensor key, role)` where it is not [`part_name`]'s: a
-    /// producer's own array name (`x.qweight`), as the import recorded it.
-    producer_names: HashMap<(String, String), String>,
-    /// The keys of the file's tensors, in the component's order.
+    /// The names [`FileTensors::locate_all`] answers for: the component's keys the file
+    /// holds, in the component's order, or a single file's array names in file order.
     keys: Vec<String>,
+    kind: Kind,
+}
+
+/// What a file's entries are.
+#[derive(Debug, Clone)]
+enum Kind {
+    /// One component's tensors (a component's weights file).
+    Component {
+        component: usize,
+        /// The file shows its encoded tensors decoded.
+        decodes: bool,
+        /// Each name a query may use → the tensor's index in the component: the keys of the
+        /// tensors the file holds, and the entry names of encoded tensors' parts.
+        names: HashMap<String, usize>,
+        /// The entry of each part `(tensor key, role)` where it is not [`part_name`]'s: a
+        /// producer's own array name (`x.qweight`), as the import recorded it.
+        producer_names: HashMap<(String, String), String>,
+    },
+    /// Several components' tensors (a single-file checkpoint, or a pipeline's single-file
+    /// face): each array where the file's plan takes its bytes from (row parts of several
+    /// tensors one after another, or computed when read), with its dtype and shape.
+    Arrays {
+        plan: Arc<crate::layout::SafetensorsPlan>,
+        arrays: HashMap<String, (Dtype, Vec<u64>)>,
+    },
 }
 
 /// One tensor of a file, as [`FileTensors::locate_all`] gives it.
@@ -248,12 +267,13 @@ pub struct FileTensors {
 pub enum FileTensor {
     /// Its stored bytes' places.
     Stored(Located),
-    /// An encoded tensor a decoded view shows decoded: its bytes are in no blob, and only a
-    /// read of the file gives them.
+    /// A tensor whose bytes are in no blob as the file shows them, so only a read of the file
+    /// gives them: an encoded tensor a decoded view shows decoded, or a single file's array
+    /// made when read ([`LocateError::Computed`]).
     Decoded {
         /// The tensor's key.
         key: String,
-        /// Its encoding's scheme.
+        /// Its encoding's scheme, or how a computed array is made (`transposed`, ...).
         scheme: String,
         /// Its bytes in the file (absolute offsets, end exclusive).
         file_range: Range<u64>,
@@ -273,14 +293,7 @@ impl FileTensors {
         let not_safetensors = || LocateError::NotSafetensors {
             file: file.to_owned(),
         };
-        if lane_file.owner == Owner::Checkpoint {
-            return Err(LocateError::SingleFile {
-                file: file.to_owned(),
-            });
-        }
-        let (Content::Safetensors(plan), Owner::Component { index, tensors }) =
-            (&lane_file.content, &lane_file.owner)
-        else {
+        let Content::Safetensors(plan) = &lane_file.content else {
             return Err(not_safetensors());
         };
         // A GGUF file's plan has no safetensors header to index.
@@ -299,6 +312,32 @@ impl FileTensors {
         let parsed = safetensors::parse_header(json, plan.size())
             .map_err(|e| invalid(format!("its safetensors header: {e}")))?;
         let start = parsed.data_start();
+        let index = match &lane_file.owner {
+            Owner::Component { index, tensors } => (*index, tensors),
+            Owner::Checkpoint => {
+                let mut arrays = HashMap::new();
+                let mut keys = Vec::with_capacity(parsed.tensors.len());
+                let mut entries = HashMap::new();
+                for t in parsed.tensors {
+                    arrays.insert(t.name.clone(), (t.dtype.clone(), t.shape.clone()));
+                    entries.insert(t.name.clone(), start + t.begin..start + t.end);
+                    keys.push(t.name);
+                }
+                keys.sort_by_key(|k| entries[k].start);
+                return Ok(FileTensors {
+                    file: file.to_owned(),
+                    header: view.header.clone(),
+                    entries,
+                    keys,
+                    kind: Kind::Arrays {
+                        plan: plan.clone(),
+                        arrays,
+                    },
+                });
+            }
+            _ => return Err(not_safetensors()),
+        };
+        let (index, tensors) = index;
         let entries = parsed
             .tensors
             .into_iter()
@@ -307,7 +346,7 @@ impl FileTensors {
         let component = view
             .header
             .components
-            .get(*index)
+            .get(index)
             .ok_or_else(|| invalid(format!("no component {index} in the header")))?;
         let decodes = plan.decodes();
         // A file an import re-creates names parts as their producer did (recipe `arrays`).
@@ -346,12 +385,14 @@ impl FileTensors {
         Ok(FileTensors {
             file: file.to_owned(),
             header: view.header.clone(),
-            component: *index,
-            decodes,
             entries,
-            names,
-            producer_names,
             keys,
+            kind: Kind::Component {
+                component: index,
+                decodes,
+                names,
+                producer_names,
+            },
         })
     }
 
@@ -365,6 +406,14 @@ impl FileTensors {
             .iter()
             .map(|key| match self.locate(store_root, key) {
                 Ok(located) => Ok(FileTensor::Stored(located)),
+                Err(LocateError::Computed { tensor, how, .. }) => {
+                    let file_range = self.entries[&tensor].clone();
+                    Ok(FileTensor::Decoded {
+                        key: tensor,
+                        scheme: how.into(),
+                        file_range,
+                    })
+                }
                 Err(LocateError::Decoded { tensor, scheme, .. }) => {
                     let file_range =
                         self.entries
@@ -399,14 +448,24 @@ impl FileTensors {
     /// [`LocateError::NoTensor`]; [`LocateError::Decoded`] for an encoded tensor of a decoded
     /// view; [`LocateError::Invalid`] when the file and header disagree.
     pub fn locate(&self, store_root: &Path, tensor: &str) -> Result<Located, LocateError> {
-        let &index = self
-            .names
-            .get(tensor)
-            .ok_or_else(|| LocateError::NoTensor {
-                file: self.file.clone(),
-                tensor: tensor.to_owned(),
-            })?;
-        let t = &self.header.components[self.component].tensors[index];
+        let no_tensor = || LocateError::NoTensor {
+            file: self.file.clone(),
+            tensor: tensor.to_owned(),
+        };
+        let (component, decodes, names, producer_names) = match &self.kind {
+            Kind::Component {
+                component,
+                decodes,
+                names,
+                producer_names,
+            } => (*component, *decodes, names, producer_names),
+            Kind::Arrays { plan, arrays } => {
+                let (dtype, shape) = arrays.get(tensor).ok_or_else(no_tensor)?;
+                return self.locate_array(store_root, plan, tensor, dtype, shape);
+            }
+        };
+        let &index = names.get(tensor).ok_or_else(no_tensor)?;
+        let t = &self.header.components[component].tensors[index];
         let invalid = |why: String| LocateError::Invalid {
             file: self.file.clone(),
             tensor: t.key.clone(),
@@ -424,7 +483,7 @@ impl FileTensors {
                     .encodings
                     .get(*encoding)
                     .ok_or_else(|| invalid(format!("no encoding {encoding} in the header")))?;
-                if self.decodes {
+                if decodes {
                     return Err(LocateError::Decoded {
                         file: self.file.clone(),
                         tensor: t.key.clone(),
@@ -441,8 +500,7 @@ impl FileTensors {
                 let parts = parts
                     .iter()
                     .map(|p| {
-                        let name = self
-                            .producer_names
+                        let name = producer_names
                             .get(&(t.key.clone(), p.role.clone()))
                             .cloned()
                             .unwrap_or_else(|| part_name(&t.key, &p.role));
@@ -485,6 +543,83 @@ impl FileTensors {
             shape: t.shape.clone(),
             encoding,
             parts,
+            extents,
+        })
+    }
+
+    /// Locates array `name` (`dtype`, `shape`) of a file of several components' tensors: the
+    /// chunk ranges its plan reads it from, as one part.
+    fn locate_array(
+        &self,
+        store_root: &Path,
+        plan: &crate::layout::SafetensorsPlan,
+        name: &str,
+        dtype: &Dtype,
+        shape: &[u64],
+    ) -> Result<Located, LocateError> {
+        use crate::layout::Source;
+        let range = self.entries[name].clone();
+        let segments = plan.segments();
+        let first = segments.partition_point(|s| s.file_offset + s.length <= range.start);
+        let mut pieces = Vec::new();
+        let mut at = range.start;
+        for s in segments[first..]
+            .iter()
+            .take_while(|s| s.file_offset < range.end)
+        {
+            let (from, to) = (
+                at.max(s.file_offset),
+                range.end.min(s.file_offset + s.length),
+            );
+            let how = match s.source {
+                Source::Chunk { chunk, offset } => {
+                    let blob = plan.chunks()[chunk as usize];
+                    pieces.push((blob, offset + (from - s.file_offset), to - from));
+                    at = to;
+                    continue;
+                }
+                Source::Computed {
+                    how: crate::layout::Compute::Transpose,
+                    ..
+                } => "transposed",
+                Source::Computed {
+                    how: crate::layout::Compute::Decode,
+                    ..
+                } => "decoded",
+                Source::Inline { .. } => "copied from the file's plan",
+                Source::Zeros => "zero-filled",
+            };
+            return Err(LocateError::Computed {
+                file: self.file.clone(),
+                tensor: name.to_owned(),
+                how,
+            });
+        }
+        let mut extents = Vec::with_capacity(pieces.len());
+        let end = extents_of(store_root, 0, pieces.into_iter(), range.start, &mut extents);
+        if end != range.end {
+            return Err(LocateError::Invalid {
+                file: self.file.clone(),
+                tensor: name.to_owned(),
+                why: format!(
+                    "the file's plan covers bytes {}..{end} of {range:?}",
+                    range.start
+                ),
+            });
+        }
+        Ok(Located {
+            file: self.file.clone(),
+            key: name.to_owned(),
+            dtype: dtype.clone(),
+            shape: shape.to_vec(),
+            encoding: None,
+            parts: vec![Part {
+                role: "weight".into(),
+                dtype: dtype.clone(),
+                shape: shape.to_vec(),
+                file_range: range,
+                extents: 0..extents.len(),
+            }],
             extents,
         })
     }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 pub(crate) use canonical::part_name;
 pub use decoded::Compute;
-pub use plan::{SafetensorsPlan, Segment};
+pub use plan::{SafetensorsPlan, Segment, Source};
 
 use crate::format::{Header, ObjectRef, Tree};
 use crate::io::ObjectSource;

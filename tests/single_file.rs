@@ -480,7 +480,7 @@ fn markers_set_what_the_weights_cannot_tell() {
 }
 
 #[test]
-fn locate_points_a_single_files_arrays_to_the_diffusers_face() {
+fn locate_finds_a_single_files_arrays_in_its_components_tensors() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
     let file = write(tmp.path(), "one.safetensors", &sd1_tensors());
@@ -488,27 +488,28 @@ fn locate_points_a_single_files_arrays_to_the_diffusers_face() {
         &store,
         &["import", file.to_str().unwrap(), "--name", "local/one"],
     );
-    let err = fails(
-        &store,
-        &[
-            "locate",
-            "local/one",
-            "one.safetensors",
-            "model.diffusion_model.out.2.weight",
-        ],
-    );
-    assert!(err.contains("@diffusers"), "{err}");
-    let said = ok(
-        &store,
-        &[
-            "locate",
-            "local/one",
-            "unet/diffusion_pytorch_model.safetensors",
-            "conv_out.weight",
-            "--diffusers",
-        ],
-    );
-    assert!(said.contains("conv_out.weight"), "{said}");
+    let extents = |args: &[&str]| -> serde_json::Value {
+        let said: serde_json::Value = serde_json::from_str(&ok(
+            &store,
+            &[&["locate", "local/one"], args, &["--json"]].concat(),
+        ))
+        .unwrap();
+        said["parts"][0]["extents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| serde_json::json!([e["blob"], e["offset"], e["length"]]))
+            .collect()
+    };
+    // The file's array is the UNet's tensor: the same bytes of the same blob.
+    let on_file = extents(&["one.safetensors", "model.diffusion_model.out.2.weight"]);
+    let on_face = extents(&[
+        "unet/diffusion_pytorch_model.safetensors",
+        "conv_out.weight",
+        "--diffusers",
+    ]);
+    assert_eq!(on_file, on_face);
+    assert_eq!(on_file.as_array().unwrap().len(), 1);
 }
 
 /// A CompVis VAE alone: the VAE of [`sd1_tensors`] without its prefix, and the training

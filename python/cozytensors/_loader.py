@@ -17,7 +17,8 @@ from the blob itself:
 Each blob's bytes are proven before use (its inode is the one the daemon proved, or the store's
 verification ledger shows it unchanged since it was hashed, or it is hashed now, once per
 process), so a damaged blob is an error, never wrong values. A tensor a decoded view
-(`<lane>@decoded`) decodes as it is read has no blob bytes: safetensors reads it from the file.
+(`<lane>@decoded`) decodes as it is read, or a single file's array made when read (OpenCLIP's
+transposed `text_projection`), has no blob bytes: safetensors reads it from the file.
 
 Anything else is safetensors itself, with its own errors: a file on another filesystem, a
 store this process cannot read (a container that binds only the mount), a framework other than

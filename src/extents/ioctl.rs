@@ -409,8 +409,9 @@ impl Query {
 /// - `tensors`, in the component's order: `key`, `dtype` and `shape` (logical), `encoding`
 ///   (`null`, or `{"scheme", "params"}`), and `parts`, each `role`, `dtype`, `shape`, `begin`
 ///   and `end` (absolute offsets in the file) and `extents`: `[blob index, offset in the blob,
-///   length, offset in the file]`, in file order. A tensor a decoded view decodes has
-///   `"decoded": true`, its scheme, `begin` and `end`, and no parts: read it from the file.
+///   length, offset in the file]`, in file order. A tensor a decoded view decodes, or a
+///   single file's array made when read, has `"decoded": true`, its scheme (or `transposed`),
+///   `begin` and `end`, and no parts: read it from the file.
 ///
 /// `stamp` gives a blob's proven stamp ([`crate::io::ObjectSource::proven_stamp`]).
 pub fn describe(
@@ -578,8 +579,10 @@ fn meaning(errno: i32) -> String {
         }
         libc::EOPNOTSUPP => "not a safetensors file of a lane".into(),
         libc::ENOENT => "no such tensor in the file".into(),
-        libc::ENODATA => "decoded when read in this view (@decoded), so no bytes of the store \
-                          hold it; locate it in the lane's own folder to get its parts"
+        libc::ENODATA => "made when read (decoded in a @decoded view, or a single file's \
+                          transposed array), so no bytes of the store hold it as the file shows \
+                          it; read it from the file, or locate an encoded tensor's parts in the \
+                          lane's own folder"
             .into(),
         libc::EPROTO => format!("the daemon does not speak extents ABI version {ABI_VERSION}"),
         libc::EOVERFLOW => "the answer does not fit the ioctl's fields (rank over 8 or a long \

@@ -25,6 +25,10 @@
    small SD 2.x (OpenCLIP-H in the file's layout with one layer more than the model uses, as
    SD 2.x conditions on the penultimate layer; linear projections; v-prediction, which the
    import is told with --prediction-type after it refused the file without it).
+4. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
+   single file, the imported one and the `<lane>@single` face, from the store's blobs (a fused
+   q/k/v array through its three tensors' bytes in turn), equal to safetensors' reading of the
+   file; only the transposed `text_projection` comes through the file.
 
 Prints PASS/FAIL lines and a closing `RESULT:` line; exits 0 only when every check passed.
 """
@@ -451,6 +455,7 @@ def check_mounted(report, mnt, family, pipe, folder, file, cls, lane):
 
         diff = {k: (get(ours, k), get(theirs, k)) for k in derived[name] if get(ours, k) != get(theirs, k)}
         report.check(not diff, f"{family}: {name}'s derived config equals the folder's", str(diff))
+    check_cozytensors(report, family, mounted, "the imported file")
     again = cls.from_single_file(str(mounted), config=str(face), local_files_only=True)
     bad = same_tensors(want, state_dicts(again))
     report.check(not bad, f"{family}: from_single_file(mounted file, config=@diffusers) equals the folder",
@@ -489,6 +494,7 @@ def check_single_face(report, mnt, family, pipe, folder, file, cls):
                      f"{family}: every array of @single equals the original file's ({len(keys)} of {len(original)})",
                      f"not in the original: {extra[:3]}; other bytes: {differ[:3]}; "
                      f"left out: {sorted(original - keys)[:5]}")
+    check_cozytensors(report, family, made, "@single")
     again = cls.from_single_file(str(made), config=str(folder), local_files_only=True)
     bad = same_tensors(state_dicts(pipe), state_dicts(again))
     report.check(not bad, f"{family}: from_single_file(@single, config=the folder) equals the folder",
@@ -497,6 +503,31 @@ def check_single_face(report, mnt, family, pipe, folder, file, cls):
                    if p.name == f"{family}.safetensors"]
     report.check(len(checkpoints) == 1 and common.sha256_file(checkpoints[0]) == common.sha256_file(made),
                  f"{family}: @comfyui/checkpoints shows the folder's single file", str(checkpoints))
+
+
+def check_cozytensors(report, family, path, what):
+    """cozytensors reads every array of the mounted single file `path` from the blobs (the
+    daemon's whole-file extents answer locates each; only arrays made when read, OpenCLIP's
+    transposed projection, come through the file), equal to safetensors' reading."""
+    from safetensors import safe_open
+
+    try:
+        import cozytensors
+    except ImportError:
+        # tools/test.sh installs the package (tools/python-test.sh) before this script runs.
+        report.check(os.environ.get("CI") != "true", f"{family}: cozytensors reads {what}",
+                     "skipped: cozytensors is not installed (tools/python-test.sh installs it)")
+        return
+    with cozytensors.safe_open(str(path), framework="pt") as ours, \
+            safe_open(str(path), framework="pt") as theirs:
+        differ = [k for k in theirs.keys() if not torch_equal(ours.get_tensor(k), theirs.get_tensor(k))]
+        fast, through_file = ours._fast, sorted(ours._decoded)
+    # SDXL's OpenCLIP-G projection is the text encoder's, stored transposed; SD 2.x's belongs to
+    # no component (Diffusers' SD 2.x text encoder has none), so it is stored as the file has it.
+    transposed = 1 if family in ("sdxl", "refiner") else 0
+    report.check(fast and not differ and len(through_file) == transposed,
+                 f"{family}: cozytensors reads every array of {what} from the blobs, equal to safetensors'",
+                 f"from the blobs: {fast}; other bytes: {differ[:3]}; through the file: {len(through_file)}")
 
 
 def torch_equal(a, b):
