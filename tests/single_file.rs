@@ -814,3 +814,122 @@ fn a_diffusers_folder_exports_as_the_single_file_it_was_made_from() {
     );
     assert!(err.contains("has no single-file face"), "{err}");
 }
+
+/// The UNet of [`sd1_tensors`] alone, 8 times as wide (64 and 128 channels, so that heads
+/// 64 wide divide them), its context `context` channels wide, its keys bare or under the
+/// checkpoint's `model.diffusion_model.` (as ComfyUI saves a model alone).
+fn unet_tensors(context: usize, prefixed: bool) -> Vec<(String, Vec<usize>)> {
+    sd1_tensors()
+        .into_iter()
+        .filter_map(|(k, mut s)| {
+            let bare = k.strip_prefix("model.diffusion_model.")?;
+            for d in &mut s {
+                if [8, 16, 32].contains(d) {
+                    *d *= 8;
+                }
+            }
+            if bare.ends_with("attn2.to_k.weight") {
+                s[1] = context;
+            }
+            Some(match prefixed {
+                true => (k.clone(), s),
+                false => (bare.to_owned(), s),
+            })
+        })
+        .collect()
+}
+
+/// The import's JSON report of `file`, as `local/<name>`, with `extra` arguments.
+fn import_json(store: &Path, file: &Path, name: &str, extra: &[&str]) -> serde_json::Value {
+    let args = [
+        &["import", file.to_str().unwrap(), "--name", name, "--json"][..],
+        extra,
+    ]
+    .concat();
+    serde_json::from_str(&ok(store, &args)).unwrap()
+}
+
+#[test]
+fn a_unet_alone_is_its_own_diffusers_model_folder_bare_or_under_its_checkpoint_prefix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    for prefixed in [false, true] {
+        let tensors = unet_tensors(768, prefixed);
+        let file = write(tmp.path(), "unet.safetensors", &tensors);
+        let name = format!("local/unet-{prefixed}");
+        let report = import_json(&store, &file, &name, &[]);
+        let said = report.to_string();
+        assert!(!said.contains("not converted"), "{said}");
+        assert!(said.contains("sd1_unet.single_file"), "{said}");
+        let plain = tmp.path().join(format!("plain-{prefixed}"));
+        ok(&store, &["export", &name, plain.to_str().unwrap()]);
+        assert_eq!(
+            fs::read(plain.join("unet.safetensors")).unwrap(),
+            fs::read(&file).unwrap()
+        );
+        let face = tmp.path().join(format!("face-{prefixed}"));
+        ok(
+            &store,
+            &["export", &name, face.to_str().unwrap(), "--diffusers"],
+        );
+        let config = json(&face.join("config.json"));
+        assert_eq!(config["_class_name"], "UNet2DConditionModel");
+        assert_eq!(config["cross_attention_dim"], 768);
+        assert_eq!(config["attention_head_dim"], 8, "SD 1.x's head split");
+        let made = tensors_of(&face.join("diffusion_pytorch_model.safetensors"));
+        assert_eq!(made.len(), tensors.len());
+        let original = tensors_of(&file);
+        let out = if prefixed {
+            "model.diffusion_model.out.2.weight"
+        } else {
+            "out.2.weight"
+        };
+        assert_eq!(made["conv_out.weight"], original[out]);
+    }
+}
+
+#[test]
+fn a_unet_alone_is_told_by_its_context_width_and_an_sd2_one_needs_its_prediction_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let sd2 = write(tmp.path(), "sd2.safetensors", &unet_tensors(1024, false));
+    let err = fails(
+        &store,
+        &["import", sd2.to_str().unwrap(), "--name", "local/sd2"],
+    );
+    assert!(
+        err.contains("sd2_unet.single_file") && err.contains("--prediction-type"),
+        "{err}"
+    );
+    let listed = ok(&store, &["ls"]);
+    assert!(!listed.contains("local/sd2"), "nothing stored: {listed}");
+    let report = import_json(
+        &store,
+        &sd2,
+        "local/sd2",
+        &["--prediction-type", "v_prediction"],
+    );
+    assert!(
+        report.to_string().contains("sd2_unet.single_file"),
+        "{report}"
+    );
+    let face = tmp.path().join("sd2-face");
+    ok(
+        &store,
+        &["export", "local/sd2", face.to_str().unwrap(), "--diffusers"],
+    );
+    let config = json(&face.join("config.json"));
+    assert_eq!(config["cross_attention_dim"], 1024);
+    assert_eq!(config["upcast_attention"], true, "the 768-v models' upcast");
+    assert_eq!(config["sample_size"], 96);
+    // A context width no family has: imported as it is, saying why for each UNet converter.
+    let odd = write(tmp.path(), "odd.safetensors", &unet_tensors(640, false));
+    let report = import_json(&store, &odd, "local/odd", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(warnings.contains("not converted"), "{warnings}");
+    assert!(
+        warnings.contains("sd1_unet.single_file") && warnings.contains("sd2_unet.single_file"),
+        "{warnings}"
+    );
+    assert!(warnings.contains("cross_attention_dim"), "{warnings}");
+}

@@ -27,13 +27,14 @@ pub const PREDICTION_TYPES: [&str; 2] = ["epsilon", "v_prediction"];
 /// pipeline's tokenizer and scheduler from the family, `model_index.json`; the file's own
 /// component keeps the arrays Diffusers does not load, and the recipe re-creates the file
 /// from all of them. A file no converter takes (or a quantized one, not converted yet) is
-/// left as it is; one a converter takes but cannot convert is too, with a warning.
+/// left as it is; one that the converters taking it cannot convert is too, with a warning.
 /// `prediction` (`--prediction-type`) is what the model predicts, over the file's markers.
 ///
 /// # Errors
-/// Two converters match and `--converter` names none; the named one cannot convert the file;
-/// the family's files do not say what they predict and `prediction` is `None`; `prediction`
-/// is given for a file that is not converted, or that makes no pipeline.
+/// Two converters convert the file and `--converter` names none; the named one cannot convert
+/// the file; the family's files do not say what they predict and `prediction` is `None`;
+/// `prediction` is given for a file that is not converted, or that makes a model alone whose
+/// config does not depend on it.
 pub(crate) fn apply(
     model: &mut super::lane::LaneModel,
     converter: Option<&str>,
@@ -83,7 +84,15 @@ pub(crate) fn apply(
             shape: &t.shape,
         })
         .collect();
-    let conversion = match recognise(table(), &arrays, named).map_err(fail)? {
+    let metadata = model
+        .file_metadata
+        .get(&c.name)
+        .map_or(&[][..], Vec::as_slice);
+    let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
+    let mut marked = table().marked(&keys, metadata);
+    let dtype = main_dtype(&c.tensors);
+    let check = |conversion: &Conversion<'_>| configs(conversion, &dtype, &marked).map(|_| ());
+    let conversion = match recognise(table(), &arrays, named, &check).map_err(fail)? {
         Outcome::Unknown => {
             let why = "no converter of fs-layout/single_file.json takes it".to_owned();
             return match prediction {
@@ -95,18 +104,19 @@ pub(crate) fn apply(
         Outcome::Converted(c) => c,
     };
     let converter = &conversion.converter.name;
-    if let (Some(p), None) = (prediction, &conversion.converter.pipeline) {
+    let family = &table().families[&conversion.converter.family];
+    // A model alone has no scheduler; only a family whose configs depend on what the model
+    // predicts (an SD 2.x UNet's sample size and attention upcast) takes the flag for one.
+    if let (Some(p), None, None) = (
+        prediction,
+        &conversion.converter.pipeline,
+        family.get("prediction_types"),
+    ) {
         return Err(fail(format!(
-            "--prediction-type {p}: {converter} makes a model alone, with no scheduler"
+            "--prediction-type {p}: {converter} makes a model alone, with no scheduler, whose \
+             config does not depend on it"
         )));
     }
-    let metadata = model
-        .file_metadata
-        .get(&c.name)
-        .map_or(&[][..], Vec::as_slice);
-    let family = &table().families[&conversion.converter.family];
-    let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
-    let mut marked = table().marked(&keys, metadata);
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
     let built = match build(&conversion, c, &path, &marked) {
@@ -250,33 +260,22 @@ fn build(
     let family = &table().families[&converter.family];
     let no_values = serde_json::Map::new();
     let marked_for = |name: &str| marked.get(name).unwrap_or(&no_values);
-    let dtype = main_dtype(&c.tensors);
+    let derived = configs(conversion, &main_dtype(&c.tensors), marked)?;
     let mut components = Vec::new();
     let mut arrays = BTreeMap::new();
     let mut listed = Vec::new();
-    let mut derived = BTreeMap::new();
     for converted in &conversion.components {
         let rule = converted.rule;
-        let config = configs::config(
-            &rule.class,
-            family,
-            marked_for(&rule.name),
-            &rule.name,
-            &converted.tensors,
-            &dtype,
-        )
-        .map_err(|why| format!("{}'s config: {why}", rule.name))?;
+        let config = derived[&rule.name].clone();
         let mut m = ComponentModel::empty(&rule.name, class_ref(&rule.class));
         (m.tensors, m.items) = tensors(converted, c, path)?;
         m.weights = c.weights.clone();
         m.stamps = c.stamps.clone();
         arrays.extend(array_sources(converted, c));
-        derived.insert(rule.name.clone(), config.clone());
         m.config = to_config(config);
         listed.push((rule.name.clone(), rule.class.clone()));
         components.push(m);
     }
-    converter.accepts(&derived)?;
     let pipeline = match converter.pipeline_for(&derived) {
         None => None,
         Some(class) => {
@@ -306,6 +305,37 @@ fn build(
         arrays,
         pipeline,
     })
+}
+
+/// The config of each component of `conversion` (by name), derived from its tensors (mostly
+/// `dtype`) with the values `marked` sets, and allowed by the converter's `accept`.
+///
+/// # Errors
+/// A config cannot be derived, or a value is not one the converter accepts.
+fn configs(
+    conversion: &Conversion<'_>,
+    dtype: &str,
+    marked: &Marked,
+) -> Result<BTreeMap<String, serde_json::Map<String, serde_json::Value>>, String> {
+    let converter = conversion.converter;
+    let family = &table().families[&converter.family];
+    let no_values = serde_json::Map::new();
+    let mut derived = BTreeMap::new();
+    for converted in &conversion.components {
+        let rule = converted.rule;
+        let config = configs::config(
+            &rule.class,
+            family,
+            marked.get(&rule.name).unwrap_or(&no_values),
+            &rule.name,
+            &converted.tensors,
+            dtype,
+        )
+        .map_err(|why| format!("{}'s config: {why}", rule.name))?;
+        derived.insert(rule.name.clone(), config);
+    }
+    converter.accepts(&derived)?;
+    Ok(derived)
 }
 
 /// A converted component's tensors, as the safetensors library writes a file (dtype

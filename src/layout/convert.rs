@@ -93,6 +93,11 @@ pub(crate) struct Converter {
     pub pipeline: Option<String>,
     /// Keys a file must hold to be this converter's.
     require: Vec<String>,
+    /// A prefix every key of a file may carry before the converter's keys (a model alone,
+    /// as ComfyUI saves it, under its checkpoint prefix `model.diffusion_model.`): such a
+    /// file is read as if the prefix were not there.
+    #[serde(default)]
+    also_under: Option<String>,
     /// Keys a file of this converter's may not hold, each with why (a UNet with class
     /// embeddings is no model of the converter's pipelines): such a file is not converted.
     #[serde(default)]
@@ -133,6 +138,19 @@ struct Variant {
 }
 
 impl Converter {
+    /// The prefix before this converter's keys in a file of `arrays`: its `also_under` when
+    /// every key carries it, else none.
+    fn base(&self, arrays: &[SourceKey<'_>]) -> &str {
+        match &self.also_under {
+            Some(p)
+                if !arrays.is_empty() && arrays.iter().all(|a| a.key.starts_with(p.as_str())) =>
+            {
+                p
+            }
+            _ => "",
+        }
+    }
+
     /// Whether components with the `derived` configs are among the models this converter's
     /// pipelines build (`accept`).
     ///
@@ -895,44 +913,61 @@ pub(crate) fn named(name: &str) -> Option<&'static Converter> {
 }
 
 /// Recognises `arrays` (a file's, in data order) by the table: the converter named `named`
-/// if given, else the one converter whose required keys are all present.
+/// if given, else the converter that takes the file (every key of its `require` is there,
+/// under its `also_under` prefix when every key carries it) and converts it, with `check`
+/// (the configs the conversion derives, and the converter's `accept`) passing. Converters
+/// that share required keys are told apart by converting: a UNet alone of SD 1.x and of
+/// SDXL differ in their context width.
 ///
 /// # Errors
-/// Two converters match and none is named; or the named converter cannot convert the file.
+/// Several converters convert the file and none is named; or the named converter cannot
+/// convert the file.
 pub(crate) fn recognise<'t>(
     table: &'t Table,
     arrays: &[SourceKey<'_>],
     named: Option<&'t Converter>,
+    check: &dyn Fn(&Conversion<'t>) -> Result<(), String>,
 ) -> Result<Outcome<'t>, String> {
-    let converter = match named {
-        Some(c) => c,
-        None => {
-            let keys: BTreeSet<&str> = arrays.iter().map(|a| a.key).collect();
-            let found: Vec<&Converter> = table
-                .converters
+    let attempt = |c: &'t Converter| convert(table, c, arrays).and_then(|v| check(&v).map(|()| v));
+    if let Some(c) = named {
+        return attempt(c)
+            .map(Outcome::Converted)
+            .map_err(|why| format!("--converter {}: {why}", c.name));
+    }
+    let keys: BTreeSet<&str> = arrays.iter().map(|a| a.key).collect();
+    let takers: Vec<&Converter> = table
+        .converters
+        .iter()
+        .filter(|c| {
+            let base = c.base(arrays);
+            c.require
                 .iter()
-                .filter(|c| c.require.iter().all(|k| keys.contains(k.as_str())))
+                .all(|k| keys.contains(format!("{base}{k}").as_str()))
+        })
+        .collect();
+    let mut converted = Vec::new();
+    let mut refused = Vec::new();
+    for c in &takers {
+        match attempt(c) {
+            Ok(v) => converted.push(v),
+            Err(why) => refused.push(format!("{}: {why}", c.name)),
+        }
+    }
+    match (takers.len(), converted.len()) {
+        (0, _) => Ok(Outcome::Unknown),
+        (_, 1) => Ok(Outcome::Converted(converted.pop().expect("one"))),
+        (_, 0) => Ok(Outcome::Unconverted(refused.join("; "))),
+        _ => {
+            let names: Vec<&str> = converted
+                .iter()
+                .map(|c| c.converter.name.as_str())
                 .collect();
-            match found.as_slice() {
-                [] => return Ok(Outcome::Unknown),
-                [one] => *one,
-                many => {
-                    let names: Vec<&str> = many.iter().map(|c| c.name.as_str()).collect();
-                    return Err(format!(
-                        "the file is like several single-file checkpoints ({}); pass --converter \
-                         NAME to say which",
-                        names.join(", ")
-                    ));
-                }
-            }
+            Err(format!(
+                "the file is like several single-file checkpoints ({}); pass --converter NAME \
+                 to say which",
+                names.join(", ")
+            ))
         }
-    };
-    match convert(table, converter, arrays) {
-        Ok(c) => Ok(Outcome::Converted(c)),
-        Err(why) if named.is_none() => {
-            Ok(Outcome::Unconverted(format!("{}: {why}", converter.name)))
-        }
-        Err(why) => Err(format!("--converter {}: {why}", converter.name)),
     }
 }
 
@@ -948,30 +983,33 @@ fn convert<'t>(
     {
         return Err(format!("it holds {}: {}", f.key, f.why));
     }
+    let base = converter.base(arrays);
+    let prefixes: Vec<String> = converter
+        .components
+        .iter()
+        .map(|r| format!("{base}{}", r.prefix))
+        .collect();
     let mut owner: Vec<Option<usize>> = vec![None; arrays.len()];
     // The longest prefix takes a key (a component's prefix may contain another's).
     for (i, a) in arrays.iter().enumerate() {
-        owner[i] = converter
-            .components
+        owner[i] = prefixes
             .iter()
             .enumerate()
-            .filter(|(_, r)| a.key.starts_with(r.prefix.as_str()))
-            .max_by_key(|(_, r)| r.prefix.len())
+            .filter(|(_, p)| a.key.starts_with(p.as_str()))
+            .max_by_key(|(_, p)| p.len())
             .map(|(c, _)| c);
     }
     let mut components = Vec::with_capacity(converter.components.len());
     let mut kept: Vec<usize> = (0..arrays.len()).filter(|&i| owner[i].is_none()).collect();
     for (c, rule) in converter.components.iter().enumerate() {
+        let prefix = prefixes[c].as_str();
         let mine: Vec<usize> = (0..arrays.len()).filter(|&i| owner[i] == Some(c)).collect();
         if mine.is_empty() {
-            return Err(format!(
-                "no key has the prefix {:?} of {}",
-                rule.prefix, rule.name
-            ));
+            return Err(format!("no key has the prefix {prefix:?} of {}", rule.name));
         }
         let keys: Vec<&str> = mine
             .iter()
-            .map(|&i| &arrays[i].key[rule.prefix.len()..])
+            .map(|&i| &arrays[i].key[prefix.len()..])
             .collect();
         let vars = table
             .vars(&rule.keymap, &keys)
@@ -1046,9 +1084,9 @@ fn convert<'t>(
         }
         let indexed: Vec<(String, i64)> = mine
             .iter()
-            .flat_map(|&i| table.indexed(&rule.keymap, &arrays[i].key[rule.prefix.len()..], &vars))
+            .flat_map(|&i| table.indexed(&rule.keymap, &arrays[i].key[prefix.len()..], &vars))
             .collect();
-        if let Some(why) = gap(&rule.prefix, &indexed) {
+        if let Some(why) = gap(prefix, &indexed) {
             return Err(format!("{}: {why}", rule.name));
         }
         if !unmapped.is_empty() {

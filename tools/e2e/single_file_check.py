@@ -25,7 +25,12 @@
    small SD 2.x (OpenCLIP-H in the file's layout with one layer more than the model uses, as
    SD 2.x conditions on the penultimate layer; linear projections; v-prediction, which the
    import is told with --prediction-type after it refused the file without it).
-4. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
+4. UNets alone (ComfyUI's diffusion_models): a small SD 1.x UNet (context 768) with bare CompVis
+   keys and a small SDXL UNet (context 2048) under `model.diffusion_model.`, as ComfyUI saves a
+   model alone: each is recognised by its context width, and its `<lane>@diffusers` folder
+   loads with UNet2DConditionModel.from_pretrained equal to the UNet it was written from;
+   diffusers' own from_single_file(<mounted file>, config=<@diffusers>) agrees.
+5. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
    single file, the imported one and the `<lane>@single` face, from the store's blobs (a fused
    q/k/v array through its three tensors' bytes in turn), equal to safetensors' reading of the
    file; only the transposed `text_projection` comes through the file.
@@ -530,6 +535,72 @@ def check_cozytensors(report, family, path, what):
                  f"from the blobs: {fast}; other bytes: {differ[:3]}; through the file: {len(through_file)}")
 
 
+UNETS_ALONE = {
+    # family: (converter, whether the file's keys carry model.diffusion_model., the UNet's config)
+    "sd1": ("sd1_unet.single_file", False, dict(
+        block_out_channels=(32, 64), layers_per_block=1, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=768, attention_head_dim=8, norm_num_groups=32)),
+    "sdxl": ("sdxl_unet.single_file", True, dict(
+        block_out_channels=(64, 128), layers_per_block=1, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=2048, attention_head_dim=(1, 2), use_linear_projection=True,
+        transformer_layers_per_block=(1, 2), addition_embed_type="text_time", addition_time_embed_dim=256,
+        projection_class_embeddings_input_dim=1280 + 6 * 256, norm_num_groups=32)),
+}
+
+
+def write_unet_alone(family, path):
+    """A small UNet of `family` (UNETS_ALONE) written as ComfyUI keeps a model alone; returns
+    the model."""
+    import torch
+    from diffusers import UNet2DConditionModel
+    from safetensors.torch import save_file
+
+    _, prefixed, config = UNETS_ALONE[family]
+    torch.manual_seed(1)
+    unet = UNet2DConditionModel(**config)
+    perturb(unet)
+    sd = ldm_unet(unet.state_dict(), unet.config)
+    if not prefixed:
+        sd = {k.removeprefix("model.diffusion_model."): t for k, t in sd.items()}
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    return unet.eval()
+
+
+def check_unet_alone(report, mnt, family, unet, file, lane):
+    from diffusers import UNet2DConditionModel
+
+    base = mnt / "local" / f"{family}-unet" / "latest"
+    face = base / f"{lane}@diffusers"
+    listed = sorted(p.name for p in face.iterdir()) if face.is_dir() else []
+    report.check(listed == ["config.json", "diffusion_pytorch_model.safetensors"],
+                 f"{family} UNet alone: its @diffusers face is a model folder", str(listed))
+    want = {"unet": unet.state_dict()}
+    loaded = UNet2DConditionModel.from_pretrained(str(face), local_files_only=True)
+    bad = same_tensors(want, {"unet": loaded.state_dict()})
+    report.check(not bad, f"{family} UNet alone: from_pretrained(@diffusers) equals the UNet written",
+                 ", ".join(bad[:5]))
+    keys = ["cross_attention_dim", "attention_head_dim", "block_out_channels", "layers_per_block",
+            "down_block_types", "up_block_types", "use_linear_projection", "transformer_layers_per_block",
+            "addition_embed_type", "projection_class_embeddings_input_dim"]
+
+    def get(config, key):
+        value = config[key]
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+    diff = {k: (get(loaded.config, k), get(unet.config, k)) for k in keys
+            if get(loaded.config, k) != get(unet.config, k)}
+    report.check(not diff, f"{family} UNet alone: the derived config equals the UNet's", str(diff))
+    mounted = base / lane / file.name
+    if UNETS_ALONE[family][1]:
+        # diffusers reads a UNet only under the checkpoint's prefix.
+        again = UNet2DConditionModel.from_single_file(str(mounted), config=str(face), local_files_only=True)
+        bad = same_tensors(want, {"unet": again.state_dict()})
+        report.check(not bad, f"{family} UNet alone: from_single_file(mounted file, config=@diffusers) agrees",
+                     ", ".join(bad[:5]))
+
+
 def torch_equal(a, b):
     import torch
 
@@ -603,11 +674,24 @@ def main():
             report.note(f"SKIPPED: the reference's tfs verify (no {args.tfs})")
         families[family] = (pipe, folder, file, cls, said["lanes"][0]["lane"])
 
+    unets = {}
+    for family, (converter, _, _) in UNETS_ALONE.items():
+        file = work / f"{family}_unet.safetensors"
+        unet = write_unet_alone(family, file)
+        said = json.loads(tensorfs("import", file, "--name", f"local/{family}-unet", "--json"))
+        converted = said["lanes"][0].get("single_file") or {}
+        report.check(converted.get("converter") == converter and not said.get("warnings"),
+                     f"{family} UNet alone: recognised as {converter}",
+                     f"{converted}; warnings: {said.get('warnings')}")
+        unets[family] = (unet, file, said["lanes"][0]["lane"])
+
     mnt = work / "mnt"
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
         for family, (pipe, folder, file, cls, lane) in families.items():
             check_mounted(report, mnt, family, pipe, folder, file, cls, lane)
             check_single_face(report, mnt, family, pipe, folder, file, cls)
+        for family, (unet, file, lane) in unets.items():
+            check_unet_alone(report, mnt, family, unet, file, lane)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
 
 

@@ -125,7 +125,7 @@ fn an_sd2_file_leaves_its_text_encoders_last_layer_and_projection_in_the_file() 
         .collect();
     owned.extend(sd2_text_encoder(3));
     let arrays = source(&owned);
-    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+    let Outcome::Converted(c) = recognise(table(), &arrays, None, &|_| Ok(())).unwrap() else {
         panic!("not converted");
     };
     assert_eq!(c.converter.name, "sd2.single_file");
@@ -177,7 +177,7 @@ fn an_sdxl_refiner_file_is_its_own_converters() {
         owned.push((k, shape));
     }
     let arrays = source(&owned);
-    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+    let Outcome::Converted(c) = recognise(table(), &arrays, None, &|_| Ok(())).unwrap() else {
         panic!("not converted");
     };
     assert_eq!(c.converter.name, "sdxl_refiner.single_file");
@@ -268,7 +268,7 @@ fn sd1_like() -> Vec<(String, Vec<u64>)> {
 fn an_sd1_file_becomes_diffusers_keys() {
     let owned = sd1_like();
     let arrays = source(&owned);
-    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+    let Outcome::Converted(c) = recognise(table(), &arrays, None, &|_| Ok(())).unwrap() else {
         panic!("not converted");
     };
     assert_eq!(c.converter.name, "sd1.single_file");
@@ -360,14 +360,14 @@ fn a_key_no_rule_takes_leaves_the_file_as_it_is() {
     let mut owned = sd1_like();
     owned.push(("model.diffusion_model.extra.weight".to_owned(), vec![1]));
     let arrays = source(&owned);
-    match recognise(table(), &arrays, None).unwrap() {
+    match recognise(table(), &arrays, None, &|_| Ok(())).unwrap() {
         Outcome::Unconverted(why) => {
             assert!(why.contains("extra.weight"), "{why}");
             assert!(why.contains("sd1.single_file"), "{why}");
         }
         other => panic!("{other:?}"),
     }
-    let err = recognise(table(), &arrays, named("sd1.single_file")).unwrap_err();
+    let err = recognise(table(), &arrays, named("sd1.single_file"), &|_| Ok(())).unwrap_err();
     assert!(err.starts_with("--converter sd1.single_file"), "{err}");
 }
 
@@ -375,7 +375,7 @@ fn a_key_no_rule_takes_leaves_the_file_as_it_is() {
 fn a_file_no_converter_knows_is_unknown() {
     let owned = keys(&[("transformer.blocks.0.weight", &[4, 4])]);
     assert!(matches!(
-        recognise(table(), &source(&owned), None).unwrap(),
+        recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap(),
         Outcome::Unknown
     ));
 }
@@ -397,7 +397,7 @@ fn two_matching_converters_are_refused() {
         ("decoder.conv_in.weight", &[32, 4, 3, 3]),
         ("encoder.down.0.block.0.conv1.weight", &[32, 32, 3, 3]),
     ]);
-    let err = recognise(&t, &source(&owned), None).unwrap_err();
+    let err = recognise(&t, &source(&owned), None, &|_| Ok(())).unwrap_err();
     assert!(err.contains("vae.single_file, vae.twin"), "{err}");
     assert!(err.contains("--converter"), "{err}");
 }
@@ -519,7 +519,7 @@ fn lane_of(c: &Conversion<'_>, pipeline: &str, hidden_act: &str) -> crate::forma
 fn a_diffusers_lane_becomes_the_single_file_it_came_from() {
     let owned = sd1_like();
     let arrays = source(&owned);
-    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+    let Outcome::Converted(c) = recognise(table(), &arrays, None, &|_| Ok(())).unwrap() else {
         panic!("not converted");
     };
     let header = lane_of(&c, "StableDiffusionPipeline", "quick_gelu");
@@ -563,7 +563,7 @@ fn openclips_q_k_v_fuse_back_and_the_projection_transposes_back() {
     }
     owned.retain(|(k, _)| !k.ends_with("logit_scale"));
     let arrays = source(&owned);
-    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+    let Outcome::Converted(c) = recognise(table(), &arrays, None, &|_| Ok(())).unwrap() else {
         panic!("not converted");
     };
     let header = lane_of(&c, "StableDiffusionXLImg2ImgPipeline", "gelu");
@@ -598,7 +598,7 @@ fn openclips_q_k_v_fuse_back_and_the_projection_transposes_back() {
 fn a_lane_whose_tensors_would_not_convert_back_has_no_single_file() {
     let owned = sd1_like();
     let arrays = source(&owned);
-    let Outcome::Converted(c) = recognise(table(), &arrays, None).unwrap() else {
+    let Outcome::Converted(c) = recognise(table(), &arrays, None, &|_| Ok(())).unwrap() else {
         panic!("not converted");
     };
     // A tensor no reverse rule takes.
