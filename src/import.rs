@@ -165,8 +165,9 @@ pub struct SingleFileReport {
     pub converter: String,
     /// The Diffusers pipeline class of the lane's `@diffusers` face; `None` for a model alone.
     pub pipeline: Option<String>,
-    /// The scheduler's `prediction_type` (from the file's markers, `--prediction-type` or the
-    /// family), when the pipeline has a scheduler that says.
+    /// What the model predicts: the scheduler's `prediction_type` (from the file's markers,
+    /// `--prediction-type` or the family), or for a model alone what the markers or
+    /// `--prediction-type` said.
     pub prediction_type: Option<String>,
 }
 
@@ -479,7 +480,8 @@ pub fn import(
                     .find(|c| c.name == "scheduler")
                     .and_then(|c| c.config.get("prediction_type"))
                     .and_then(|v| v.as_text())
-                    .map(str::to_owned),
+                    .map(str::to_owned)
+                    .or_else(|| single.prediction_type.clone()),
             }),
         });
     }

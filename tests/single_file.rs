@@ -709,7 +709,7 @@ fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
         (
             "depth_unet",
             Box::new(|t| t[0].1 = vec![8, 5, 3, 3]),
-            "unet's in_channels is 5, and this converter's pipelines take 4 or 9",
+            "unet's in_channels is 5, and this converter takes 4 or 9",
         ),
         // Class embeddings (unCLIP) under an SD 1.x/2.x layout: no StableDiffusionPipeline.
         (
@@ -909,10 +909,9 @@ fn a_unet_alone_is_told_by_its_context_width_and_an_sd2_one_needs_its_prediction
         "local/sd2",
         &["--prediction-type", "v_prediction"],
     );
-    assert!(
-        report.to_string().contains("sd2_unet.single_file"),
-        "{report}"
-    );
+    let said = &report["lanes"][0]["single_file"];
+    assert_eq!(said["converter"], "sd2_unet.single_file", "{report}");
+    assert_eq!(said["prediction_type"], "v_prediction", "{report}");
     let face = tmp.path().join("sd2-face");
     ok(
         &store,
@@ -932,4 +931,127 @@ fn a_unet_alone_is_told_by_its_context_width_and_an_sd2_one_needs_its_prediction
         "{warnings}"
     );
     assert!(warnings.contains("cross_attention_dim"), "{warnings}");
+    // Class embeddings (SD 2.1 unCLIP) under the checkpoint's prefix rule an SD 1.x UNet out
+    // as they do bare.
+    let mut unclip = unet_tensors(768, true);
+    unclip.push((
+        "model.diffusion_model.label_emb.0.0.weight".into(),
+        vec![256, 64],
+    ));
+    let unclip = write(tmp.path(), "unclip.safetensors", &unclip);
+    let report = import_json(&store, &unclip, "local/unclip", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("not converted")
+            && warnings.contains("it holds model.diffusion_model.label_emb.0.0.weight"),
+        "{warnings}"
+    );
+}
+
+/// A CLIP text encoder alone in Transformers' layout, `hidden` wide, with its projection or
+/// not (ComfyUI's `clip_l` / `clip_g` files).
+fn clip_tensors(hidden: usize, projection: bool) -> Vec<(String, Vec<usize>)> {
+    let mut t: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut add = |name: &str, shape: &[usize]| t.push((name.to_owned(), shape.to_vec()));
+    add(
+        "text_model.embeddings.token_embedding.weight",
+        &[100, hidden],
+    );
+    add(
+        "text_model.embeddings.position_embedding.weight",
+        &[77, hidden],
+    );
+    add("text_model.embeddings.position_ids", &[1, 77]);
+    for l in 0..2 {
+        add(
+            &format!("text_model.encoder.layers.{l}.mlp.fc1.weight"),
+            &[2 * hidden, hidden],
+        );
+        add(
+            &format!("text_model.encoder.layers.{l}.self_attn.q_proj.weight"),
+            &[hidden, hidden],
+        );
+    }
+    add("text_model.final_layer_norm.weight", &[hidden]);
+    if projection {
+        add("text_projection.weight", &[hidden, hidden]);
+    }
+    t
+}
+
+#[test]
+fn a_text_encoder_alone_is_a_transformers_model_folder_told_by_width_and_projection() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    for (name, hidden, projection, converter, class, act) in [
+        (
+            "l",
+            768,
+            false,
+            "clip_l.single_file",
+            "CLIPTextModel",
+            "quick_gelu",
+        ),
+        (
+            "lp",
+            768,
+            true,
+            "clip_l_projection.single_file",
+            "CLIPTextModelWithProjection",
+            "quick_gelu",
+        ),
+        (
+            "g",
+            1280,
+            true,
+            "clip_g.single_file",
+            "CLIPTextModelWithProjection",
+            "gelu",
+        ),
+    ] {
+        let file = write(
+            tmp.path(),
+            &format!("clip_{name}.safetensors"),
+            &clip_tensors(hidden, projection),
+        );
+        let report = import_json(&store, &file, &format!("local/clip-{name}"), &[]);
+        assert_eq!(
+            report["lanes"][0]["single_file"]["converter"], converter,
+            "{report}"
+        );
+        let face = tmp.path().join(format!("face-{name}"));
+        ok(
+            &store,
+            &[
+                "export",
+                &format!("local/clip-{name}"),
+                face.to_str().unwrap(),
+                "--diffusers",
+            ],
+        );
+        let config = json(&face.join("config.json"));
+        assert_eq!(config["architectures"][0], class, "{config}");
+        assert_eq!(config["hidden_size"], hidden);
+        assert_eq!(config["hidden_act"], act);
+        assert_eq!(config["num_attention_heads"], hidden / 64);
+        let weights = fs::read_dir(&face)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .unwrap();
+        let made = tensors_of(&weights);
+        let original = tensors_of(&file);
+        assert_eq!(made.len(), original.len() - 1, "all but position_ids");
+        for (key, value) in &made {
+            assert_eq!(&original[key], value, "{key}");
+        }
+    }
+    // A width no CLIP text encoder here has: imported as it is, saying why.
+    let odd = write(tmp.path(), "odd.safetensors", &clip_tensors(512, false));
+    let report = import_json(&store, &odd, "local/odd", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("not converted") && warnings.contains("hidden_size"),
+        "{warnings}"
+    );
 }

@@ -42,7 +42,9 @@ pub struct Args {
     pub threads: Option<usize>,
     /// Read quantized arrays by this producer convention (fs-layout/conventions.json), for a
     /// source that does not declare its own (no quantization_config, hf_quant_config.json or
-    /// ComfyUI marker). Example: modelopt.nvfp4, comfy.nvfp4, gptq.
+    /// ComfyUI marker), e.g. modelopt.nvfp4, comfy.nvfp4, gptq; or convert a single file
+    /// imported alone by this converter (fs-layout/single_file.json), e.g. sd1.single_file,
+    /// sdxl_unet.single_file.
     #[arg(long, value_name = "NAME")]
     pub converter: Option<String>,
     /// What a single-file diffusion checkpoint predicts, for files that do not say (SD 2.x:

@@ -119,9 +119,16 @@ pub(crate) fn recognize(
                 .iter()
                 .find(|c| c.name == name)
                 .ok_or_else(|| {
+                    let single: Vec<&str> = crate::layout::convert::table()
+                        .converters
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect();
                     format!(
-                        "--converter {name:?} is not a convention TensorFS knows ({})",
-                        names().join(", ")
+                        "--converter {name:?} is neither a producer convention TensorFS knows \
+                         ({}) nor a single-file converter ({})",
+                        names().join(", "),
+                        single.join(", ")
                     )
                 })?,
         ),

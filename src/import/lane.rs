@@ -86,4 +86,7 @@ pub(crate) struct SingleFile {
     pub file: String,
     /// The file's own component (the arrays no Diffusers component takes).
     pub component: String,
+    /// What the model predicts, as the file's markers or `--prediction-type` said (a model
+    /// alone has no scheduler to record it).
+    pub prediction_type: Option<String>,
 }

@@ -124,6 +124,11 @@ pub(crate) fn apply(
         Err(why) => return unconverted(model, format!("{converter}: {why}")),
     };
     decided.map_err(|why| fail(format!("{converter}: {why}")))?;
+    let prediction_type = marked
+        .get("scheduler")
+        .and_then(|s| s.get("prediction_type"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned);
     // The file's own component keeps what no Diffusers component takes, in data order, under
     // a name no converted component has (a VAE downloaded as `vae.safetensors`).
     let mut own = model.components.pop().expect("one component");
@@ -161,6 +166,7 @@ pub(crate) fn apply(
         converter: conversion.converter.name.clone(),
         file: lane_path,
         component: own.name.clone(),
+        prediction_type,
     });
     model.components = built.components;
     model.components.push(own);

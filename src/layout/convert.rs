@@ -166,7 +166,7 @@ impl Converter {
                 if !value.is_some_and(|v| allowed.contains(v)) {
                     let shown: Vec<String> = allowed.iter().map(|v| v.to_string()).collect();
                     return Err(format!(
-                        "{component}'s {key} is {}, and this converter's pipelines take {}",
+                        "{component}'s {key} is {}, and this converter takes {}",
                         value.map_or("missing".into(), |v| v.to_string()),
                         shown.join(" or ")
                     ));
@@ -976,14 +976,14 @@ fn convert<'t>(
     converter: &'t Converter,
     arrays: &[SourceKey<'_>],
 ) -> Result<Conversion<'t>, String> {
-    if let Some(f) = converter
-        .forbid
-        .iter()
-        .find(|f| arrays.iter().any(|a| a.key == f.key))
-    {
-        return Err(format!("it holds {}: {}", f.key, f.why));
-    }
     let base = converter.base(arrays);
+    if let Some(f) = converter.forbid.iter().find(|f| {
+        arrays
+            .iter()
+            .any(|a| a.key.strip_prefix(base) == Some(f.key.as_str()))
+    }) {
+        return Err(format!("it holds {base}{}: {}", f.key, f.why));
+    }
     let prefixes: Vec<String> = converter
         .components
         .iter()
