@@ -29,7 +29,10 @@
    keys and a small SDXL UNet (context 2048) under `model.diffusion_model.`, as ComfyUI saves a
    model alone: each is recognised by its context width, and its `<lane>@diffusers` folder
    loads with UNet2DConditionModel.from_pretrained equal to the UNet it was written from;
-   diffusers' own from_single_file(<mounted file>, config=<@diffusers>) agrees.
+   diffusers' own from_single_file(<mounted file>, config=<@diffusers>) agrees. Text encoders
+   alone (ComfyUI's text_encoders: a CLIP-L without projection, a CLIP-G with one, in
+   Transformers' layout): recognised by width and projection, and `<lane>@diffusers` loads with
+   Transformers' from_pretrained of the class, equal to the model written, quick-GELU or GELU.
 5. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
    single file, the imported one and the `<lane>@single` face, from the store's blobs (a fused
    q/k/v array through its three tensors' bytes in turn), equal to safetensors' reading of the
@@ -601,6 +604,49 @@ def check_unet_alone(report, mnt, family, unet, file, lane):
                      ", ".join(bad[:5]))
 
 
+TEXT_ENCODERS_ALONE = {
+    # name: (converter, class, hidden width, activation)
+    "clip_l": ("clip_l.single_file", "CLIPTextModel", 768, "quick_gelu"),
+    "clip_g": ("clip_g.single_file", "CLIPTextModelWithProjection", 1280, "gelu"),
+}
+
+
+def write_text_encoder_alone(name, path):
+    """A small CLIP text encoder of TEXT_ENCODERS_ALONE's `name`, one layer, saved as ComfyUI's
+    text_encoders files are (Transformers' keys); returns the model."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    _, cls, hidden, act = TEXT_ENCODERS_ALONE[name]
+    torch.manual_seed(2)
+    model = getattr(transformers, cls)(transformers.CLIPTextConfig(
+        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=hidden // 64,
+        vocab_size=1000, max_position_embeddings=77, hidden_act=act, projection_dim=hidden,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1))
+    perturb(model)
+    # ComfyUI's files name the text model's tensors `text_model.*`, which some Transformers
+    # versions' state dicts leave out.
+    sd = {k if k.startswith(("text_model.", "text_projection.")) else f"text_model.{k}": v.contiguous()
+          for k, v in model.state_dict().items()}
+    save_file(sd, str(path))
+    return model.eval()
+
+
+def check_text_encoder_alone(report, mnt, name, model, lane):
+    import transformers
+
+    _, cls, hidden, act = TEXT_ENCODERS_ALONE[name]
+    face = mnt / "local" / f"{name}-alone" / "latest" / f"{lane}@diffusers"
+    loaded = getattr(transformers, cls).from_pretrained(str(face), local_files_only=True)
+    bad = same_tensors({"m": model.state_dict()}, {"m": loaded.state_dict()})
+    report.check(not bad, f"{name} alone: {cls}.from_pretrained(@diffusers) equals the model written",
+                 ", ".join(bad[:5]))
+    config = loaded.config
+    got = (config.hidden_size, config.hidden_act, config.num_attention_heads, config.num_hidden_layers)
+    report.check(got == (hidden, act, hidden // 64, 1), f"{name} alone: its derived config", str(got))
+
+
 def torch_equal(a, b):
     import torch
 
@@ -684,6 +730,15 @@ def main():
                      f"{family} UNet alone: recognised as {converter}",
                      f"{converted}; warnings: {said.get('warnings')}")
         unets[family] = (unet, file, said["lanes"][0]["lane"])
+    encoders = {}
+    for name, (converter, _, _, _) in TEXT_ENCODERS_ALONE.items():
+        file = work / f"{name}.safetensors"
+        model = write_text_encoder_alone(name, file)
+        said = json.loads(tensorfs("import", file, "--name", f"local/{name}-alone", "--json"))
+        converted = said["lanes"][0].get("single_file") or {}
+        report.check(converted.get("converter") == converter and not said.get("warnings"),
+                     f"{name} alone: recognised as {converter}", f"{converted}; warnings: {said.get('warnings')}")
+        encoders[name] = (model, said["lanes"][0]["lane"])
 
     mnt = work / "mnt"
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
@@ -692,6 +747,8 @@ def main():
             check_single_face(report, mnt, family, pipe, folder, file, cls)
         for family, (unet, file, lane) in unets.items():
             check_unet_alone(report, mnt, family, unet, file, lane)
+        for name, (model, lane) in encoders.items():
+            check_text_encoder_alone(report, mnt, name, model, lane)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
 
 
