@@ -1055,3 +1055,30 @@ fn a_text_encoder_alone_is_a_transformers_model_folder_told_by_width_and_project
         "{warnings}"
     );
 }
+
+#[test]
+fn a_vae_alone_under_its_checkpoint_prefix_is_converted_as_a_bare_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let prefixed: Vec<(String, Vec<usize>)> = vae_tensors()
+        .into_iter()
+        .map(|(k, s)| (format!("first_stage_model.{k}"), s))
+        .collect();
+    let file = write(tmp.path(), "vae.safetensors", &prefixed);
+    let report = import_json(&store, &file, "local/vae", &[]);
+    assert_eq!(
+        report["lanes"][0]["single_file"]["converter"], "vae.single_file",
+        "{report}"
+    );
+    let face = tmp.path().join("face");
+    ok(
+        &store,
+        &["export", "local/vae", face.to_str().unwrap(), "--diffusers"],
+    );
+    let made = tensors_of(&face.join("diffusion_pytorch_model.safetensors"));
+    let original = tensors_of(&file);
+    assert_eq!(
+        made["decoder.conv_in.weight"],
+        original["first_stage_model.decoder.conv_in.weight"]
+    );
+}
