@@ -304,7 +304,12 @@ impl Filesystem for FuseAdapter {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         match self.fs.open(ino.0, write) {
             Ok(opened) => {
-                let mut fopen = FopenFlags::empty();
+                // Nothing is ever dirty, so a close needs no FLUSH round trip; and one would
+                // wait for a free worker: a forked child's exec closing the descriptors it
+                // inherited hung while every worker waited on a fetch, which waited on the
+                // store's fence that the child's copy of a descriptor held (FOPEN_NOFLUSH,
+                // Linux 5.17; older kernels ignore it).
+                let mut fopen = FopenFlags::FOPEN_NOFLUSH;
                 if opened.keep_cache {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }

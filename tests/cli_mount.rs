@@ -398,18 +398,62 @@ fn a_mount_over_an_endpoint_makes_its_absent_store_and_one_without_refuses() {
     assert!(left.is_empty(), "left in tmp/: {left:?}");
 }
 
+/// Resumes a stopped daemon on drop, whatever the test did.
+struct Resume(i32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: a signal to a process id; no memory is passed.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The daemon's pid, from the mount command's output.
+fn daemon_pid(out: &str) -> i32 {
+    out.split("daemon pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {out}"))
+}
+
+/// Closing a mounted file asks the daemon nothing (no FLUSH: nothing is ever dirty), so a close
+/// never waits for a busy daemon. The failing case: a forked child's exec closed the mounted
+/// files it had inherited while every worker of an in-process daemon waited on a fetch, which
+/// waited on the store's fence held by the child's copy of the evicting descriptor: a hang.
+#[test]
+fn closing_a_mounted_file_does_not_wait_for_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt, out) = mounted_tiny(dir.path(), &[]);
+    let _cleanup = Cleanup(&mnt);
+    let pid = daemon_pid(&out);
+    let file = fs::File::open(mnt.join("local/tiny/latest/f32/model.safetensors")).unwrap();
+    let resume = Resume(pid);
+    // SAFETY: a signal to a process id; no memory is passed.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let (done, closed) = std::sync::mpsc::channel();
+    let closer = std::thread::spawn(move || {
+        drop(file);
+        let _ = done.send(());
+    });
+    let waited = closed.recv_timeout(std::time::Duration::from_secs(10));
+    drop(resume);
+    closer.join().unwrap();
+    assert!(
+        waited.is_ok(),
+        "closing a mounted file waited for the stopped daemon"
+    );
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    assert!(!mounted(&mnt));
+}
+
 #[test]
 fn status_reports_a_running_mount_from_its_daemon() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let (_, store, mnt, out) = mounted_tiny(dir.path(), &[]);
     let _cleanup = Cleanup(&mnt);
-    let pid: i32 = out
-        .split("daemon pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {out}"));
+    let pid = daemon_pid(&out);
     let weights = mnt.join("local/tiny/latest/f32/model.safetensors");
     let mut file = fs::File::open(&weights).unwrap();
     let mut bytes = Vec::new();
