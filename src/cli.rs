@@ -1,9 +1,11 @@
 //! The `tensorfs` command line: argument parsing, logging setup and one module per verb.
 
+mod docs;
 mod download;
 mod du;
 mod export;
 mod gc;
+mod helper;
 mod hf_cache;
 mod import;
 mod inspect;
@@ -19,7 +21,7 @@ mod verify;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::store::Store;
 
@@ -71,6 +73,11 @@ pub enum Command {
     Download(download::Args),
     /// Upload a repo's newest commits (every lane, or one) to an endpoint.
     Upload(upload::Args),
+    /// Print a shell's completion script for tensorfs (bash, zsh, fish, elvish, powershell).
+    Completions(docs::CompletionArgs),
+    /// Write the man pages (tensorfs.1, tensorfs-VERB.1) into DIR; for packaging.
+    #[command(hide = true)]
+    Manpages(docs::ManArgs),
 }
 
 impl Cli {
@@ -153,7 +160,21 @@ pub fn init_logging(default: &str) {
 
 /// Runs the command line; errors are printed with their causes.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let verbs = Cli::command();
+    let is_verb = |word: &std::ffi::OsStr| {
+        word.to_str()
+            .is_some_and(|w| w == "help" || verbs.find_subcommand(w).is_some())
+    };
+    // `mount(8)`'s helper command line, `tensorfs STORE MOUNTPOINT -o OPTS`, is a mount.
+    let cli = match helper::translate(&args, is_verb) {
+        None => Cli::parse_from(&args),
+        Some(Ok(mount)) => Cli::parse_from(&mount),
+        Some(Err(why)) => {
+            eprintln!("tensorfs: {why}");
+            return ExitCode::FAILURE;
+        }
+    };
     if !matches!(cli.command, Command::Mount(_) | Command::Serve(_)) {
         // Like other Unix tools, end quietly when the reader of our output goes away
         // (`tensorfs ls | head`); Rust's default turns that into a panic. The mount daemon keeps
@@ -188,6 +209,8 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&cli, args),
         Command::Download(args) => download::run(&cli, args),
         Command::Upload(args) => upload::run(&cli, args),
+        Command::Completions(args) => docs::completions(args),
+        Command::Manpages(args) => docs::manpages(args),
     };
     crate::store::release_writer_locks();
     match result {

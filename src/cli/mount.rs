@@ -68,6 +68,10 @@ pub struct Args {
     /// Where views go (default: the store's `views` folder).
     #[arg(long, value_name = "DIR")]
     pub view_dir: Option<PathBuf>,
+    /// Let other users read the mount (root's mounts always do); for a user other than root
+    /// it needs `user_allow_other` in /etc/fuse.conf.
+    #[arg(long)]
+    pub allow_other: bool,
 }
 
 /// Arguments of `unmount`.
@@ -121,6 +125,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
              not use FUSE passthrough (it needs CAP_SYS_ADMIN)"
         });
     }
+    if args.allow_other {
+        session::check_allow_other()?;
+    }
     let mountpoint = session::check_mountpoint(&args.mountpoint)?;
     // Views asked for but impossible are refused here, where the user sees it; the daemon
     // alone would only log it and serve without them.
@@ -161,6 +168,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         if let Some(threads) = args.threads {
             config.threads = threads.max(1);
         }
+        config.allow_other |= args.allow_other;
         if let Some(dir) = view_dir {
             config.fs.views = Some(ViewConfig::new(dir, view_cache));
         }
@@ -188,6 +196,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         .arg("--foreground");
     if let Some(threads) = args.threads {
         command.arg("--threads").arg(threads.to_string());
+    }
+    if args.allow_other {
+        command.arg("--allow-other");
     }
     // The daemon gets the budget chosen here, off included.
     command.arg("--view-cache").arg(view_cache.to_string());
@@ -249,12 +260,16 @@ pub fn unmount(args: &UnmountArgs) -> anyhow::Result<ExitCode> {
 /// How long `unmount` waits for the daemon to end.
 const DAEMON_EXIT_WAIT: Duration = Duration::from_secs(10);
 
-/// `$XDG_STATE_HOME/tensorfs/mount.log`, else `~/.local/state/tensorfs/mount.log`.
+/// `$XDG_STATE_HOME/tensorfs/mount.log`, else `~/.local/state/tensorfs/mount.log`, else (root
+/// without `HOME`, as fstab mounts at boot are) `/var/log/tensorfs/mount.log`.
 fn default_log() -> anyhow::Result<PathBuf> {
     let state = std::env::var_os("XDG_STATE_HOME")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local").join("state")))
+        // Root's mounts from fstab run with no HOME: the system's log folder.
+        // SAFETY: geteuid cannot fail and touches no memory.
+        .or_else(|| (unsafe { libc::geteuid() } == 0).then(|| PathBuf::from("/var/log")))
         .context("no HOME or XDG_STATE_HOME for the daemon's log; pass --log-file")?;
     Ok(state.join("tensorfs").join("mount.log"))
 }

@@ -141,6 +141,12 @@ pub enum MountError {
         /// The mount point.
         mountpoint: PathBuf,
     },
+    /// `allow_other` asked for by a user other than root, whom `/etc/fuse.conf` does not let.
+    #[error(
+        "other users may read a mount of a user other than root only where /etc/fuse.conf has \
+         the line `user_allow_other`: add it (as root), or mount without allow_other"
+    )]
+    AllowOtherRefused,
     /// A TensorFS mount is already there.
     #[error("{0} is already a TensorFS mount; unmount it first (`tensorfs unmount {0}`)", .mountpoint.display())]
     AlreadyMounted {
@@ -382,6 +388,11 @@ async fn serve(config: MountConfig) -> Result<(), MountError> {
         mut unmounter,
         mountpoint,
     } = mounted?;
+    // A systemd unit of `Type=notify` starts what depends on the mount only now.
+    notify_systemd(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("serving {}", mountpoint.display())),
+    ]);
     let mut run = tokio::task::spawn_blocking(move || ended(session.run()));
     let signal = tokio::select! {
         ended = &mut run => return ended_session(&mountpoint, ended),
@@ -389,6 +400,7 @@ async fn serve(config: MountConfig) -> Result<(), MountError> {
         _ = int.recv() => "SIGINT",
     };
     tracing::info!("{signal}: unmounting {}", mountpoint.display());
+    notify_systemd(&[sd_notify::NotifyState::Stopping]);
     detach(&mut unmounter, &mountpoint)?;
     tokio::select! {
         ended = &mut run => ended_session(&mountpoint, ended),
@@ -454,6 +466,14 @@ fn notify_ready(fd: Option<RawFd>, result: Result<(), &MountError>) {
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
         std::mem::forget(file);
+    }
+}
+
+/// Tells the service manager `states` when it asked to be told (`NOTIFY_SOCKET`, systemd's
+/// `Type=notify`); nothing otherwise. A failure only costs the manager's view, so it is logged.
+fn notify_systemd(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!("telling the service manager (NOTIFY_SOCKET): {e}");
     }
 }
 
@@ -752,6 +772,24 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
     Ok(canonical)
 }
 
+/// That this process may mount with `allow_other`: root may; another user when
+/// `/etc/fuse.conf` has a `user_allow_other` line (`fusermount3` refuses it otherwise, fuse(8)).
+///
+/// # Errors
+/// [`MountError::AllowOtherRefused`].
+pub fn check_allow_other() -> Result<(), MountError> {
+    match is_root() || fs::read_to_string("/etc/fuse.conf").is_ok_and(|c| allows_other(&c)) {
+        true => Ok(()),
+        false => Err(MountError::AllowOtherRefused),
+    }
+}
+
+/// Whether a `fuse.conf` text has the `user_allow_other` line (comments start with `#`).
+fn allows_other(conf: &str) -> bool {
+    conf.lines()
+        .any(|l| l.split('#').next().unwrap_or("").trim() == "user_allow_other")
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() == 0 }
@@ -764,6 +802,18 @@ fn in_path(program: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fuse_conf_allows_other_users_only_by_its_uncommented_line() {
+        use super::allows_other;
+        assert!(allows_other("# comment\nuser_allow_other\n"));
+        assert!(allows_other(
+            "mount_max = 1000\n  user_allow_other  # for tensorfs\n"
+        ));
+        assert!(!allows_other("#user_allow_other\n"));
+        assert!(!allows_other("# user_allow_other\nmount_max = 1000\n"));
+        assert!(!allows_other(""));
+    }
+
     use super::*;
 
     #[test]

@@ -1,0 +1,81 @@
+//! `tensorfs completions SHELL` and the hidden `tensorfs manpages DIR`: shell completions and
+//! man pages generated from the command line's own definition, so they never drift from it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::CommandFactory;
+
+use super::Cli;
+
+/// Arguments of `completions`.
+#[derive(Debug, clap::Args)]
+pub struct CompletionArgs {
+    /// The shell: bash, zsh, fish, elvish or powershell.
+    #[arg(value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+/// Arguments of `manpages`.
+#[derive(Debug, clap::Args)]
+pub struct ManArgs {
+    /// The folder to write `tensorfs.1` and `tensorfs-VERB.1` into (created when absent).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+}
+
+/// Writes `args.shell`'s completion script to standard output (bash: source it, or install it
+/// as `/usr/share/bash-completion/completions/tensorfs`).
+///
+/// # Errors
+/// Never; writing to a closed pipe ends the process quietly.
+pub fn completions(args: &CompletionArgs) -> anyhow::Result<ExitCode> {
+    let mut command = Cli::command();
+    clap_complete::generate(args.shell, &mut command, "tensorfs", &mut std::io::stdout());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a man page for `tensorfs` and one for each verb, `tensorfs-VERB.1`, as `man` and
+/// Debian packages name them, then lists them on standard output.
+///
+/// # Errors
+/// The folder cannot be created or a page written.
+pub fn manpages(args: &ManArgs) -> anyhow::Result<ExitCode> {
+    let mut command = Cli::command();
+    // Built, the verbs carry the global options (`--store`) too.
+    command.build();
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let mut written = vec![write_page(&args.dir, "tensorfs", command.clone())?];
+    for verb in command
+        .get_subcommands()
+        .filter(|v| !v.is_hide_set() && v.get_name() != "help")
+    {
+        let name = format!("tensorfs-{}", verb.get_name());
+        // Each verb's page is titled and invoked by its full name.
+        let verb = verb
+            .clone()
+            .name(name.clone())
+            .bin_name(name.replace('-', " "));
+        written.push(write_page(&args.dir, &name, verb)?);
+    }
+    for path in written {
+        println!("{}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_page(dir: &Path, name: &str, command: clap::Command) -> anyhow::Result<PathBuf> {
+    let path = dir.join(format!("{name}.1"));
+    let mut page = Vec::new();
+    clap_mangen::Man::new(command)
+        .title(name.to_uppercase())
+        .section("1")
+        .source(format!("tensorfs {}", env!("CARGO_PKG_VERSION")))
+        .manual("TensorFS")
+        .render(&mut page)
+        .with_context(|| format!("rendering {name}(1)"))?;
+    std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}

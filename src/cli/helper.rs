@@ -1,0 +1,229 @@
+//! The command line `mount(8)` gives a filesystem's helper: `tensorfs STORE MOUNTPOINT -o OPTS`.
+//!
+//! For `mount -t fuse.tensorfs STORE MOUNTPOINT -o …` and the fstab line
+//! `STORE MOUNTPOINT fuse.tensorfs defaults,_netdev 0 0`, `mount(8)` runs `mount.fuse3`, which
+//! runs `tensorfs STORE MOUNTPOINT -o OPTS` (no verb; it adds `dev,suid` as root and strips
+//! `user`, `nofail`, `_netdev`, `auto`, `noauto`); a `mount.fuse.tensorfs` helper is called as
+//! `mount.fuse.tensorfs STORE MOUNTPOINT [-sfnv] [-o OPTS] [-t TYPE]` (util-linux's
+//! `mount(8)`, "External helpers"). Either becomes `tensorfs --store STORE mount MOUNTPOINT
+//! FLAGS`, which returns once the mount is live, as `mount(8)` expects.
+
+use std::ffi::{OsStr, OsString};
+
+/// A mount option and the `mount` flag it sets (`endpoint=URL` → `--endpoint URL`).
+const VALUED: [(&str, &str); 8] = [
+    ("endpoint", "--endpoint"),
+    ("repo", "--repo"),
+    ("cache_size", "--cache-size"),
+    ("fetch_deadline", "--fetch-deadline"),
+    ("view_cache", "--view-cache"),
+    ("view_dir", "--view-dir"),
+    ("threads", "--threads"),
+    ("log_file", "--log-file"),
+];
+
+/// Options that say nothing to this mount: what the kernel and `mount(8)` handle (the mount is
+/// always read-only, `nodev` and `nosuid`, so `rw`, `dev` and `suid` change nothing), and
+/// fstab's own.
+const IGNORED: [&str; 27] = [
+    "defaults",
+    "ro",
+    "rw",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "async",
+    "sync",
+    "atime",
+    "noatime",
+    "relatime",
+    "strictatime",
+    "diratime",
+    "nodiratime",
+    "lazytime",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "nofail",
+    "_netdev",
+    "default_permissions",
+];
+
+/// The verb command line a helper's `args` (with the program's name first) stand for, or `None`
+/// when they are not a helper's (a verb, a flag or too few words come first).
+///
+/// # Errors
+/// An option this mount does not know, or one without its value, named.
+pub fn translate(
+    args: &[OsString],
+    is_verb: impl Fn(&OsStr) -> bool,
+) -> Option<Result<Vec<OsString>, String>> {
+    let (program, rest) = args.split_first()?;
+    let [source, mountpoint, options @ ..] = rest else {
+        return None;
+    };
+    let starts_flag = |a: &OsString| a.as_encoded_bytes().starts_with(b"-");
+    if starts_flag(source) || starts_flag(mountpoint) || is_verb(source) {
+        return None;
+    }
+    Some(rewrite(program, source, mountpoint, options))
+}
+
+fn rewrite(
+    program: &OsString,
+    source: &OsString,
+    mountpoint: &OsString,
+    options: &[OsString],
+) -> Result<Vec<OsString>, String> {
+    // `mount.fuse3 tensorfs#STORE …` names the program before `#`.
+    let store = match source.to_str().and_then(|s| s.strip_prefix("tensorfs#")) {
+        Some(store) => OsString::from(store),
+        None => source.clone(),
+    };
+    let mut out: Vec<OsString> = vec![program.clone(), "--store".into(), store, "mount".into()];
+    out.push(mountpoint.clone());
+    let mut words = options.iter();
+    while let Some(word) = words.next() {
+        match word.to_str() {
+            Some("-o") => {
+                let list = words.next().ok_or("-o without its options")?;
+                let list = list
+                    .to_str()
+                    .ok_or_else(|| format!("the mount options {list:?} are not UTF-8"))?;
+                for option in list.split(',').filter(|o| !o.is_empty()) {
+                    out.extend(flags(option)?);
+                }
+            }
+            // The type (`fuse.tensorfs`), and util-linux's sloppy, verbose and no-mtab flags.
+            Some("-t") => {
+                words.next();
+            }
+            Some("-s" | "-v" | "-n") => {}
+            Some(other) => {
+                return Err(format!(
+                    "{other:?} is no mount helper argument (STORE MOUNTPOINT [-o OPTIONS])"
+                ))
+            }
+            None => return Err(format!("{word:?} is not UTF-8")),
+        }
+    }
+    Ok(out)
+}
+
+/// The `mount` flags one option sets.
+fn flags(option: &str) -> Result<Vec<OsString>, String> {
+    let (name, value) = match option.split_once('=') {
+        Some((name, value)) => (name, Some(value)),
+        None => (option, None),
+    };
+    if let Some((_, flag)) = VALUED.iter().find(|(n, _)| *n == name) {
+        let value = value
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("the mount option {name} needs a value ({name}=…)"))?;
+        return Ok(vec![(*flag).into(), value.into()]);
+    }
+    match (name, value) {
+        ("allow_other", None) => Ok(vec!["--allow-other".into()]),
+        (name, None) if IGNORED.contains(&name) => Ok(Vec::new()),
+        // fstab's comments and systemd's and desktops' own options (x-systemd.automount).
+        (name, _) if name.starts_with("x-") || name == "comment" => Ok(Vec::new()),
+        _ => Err(format!(
+            "the mount option {option:?} is not one of tensorfs's ({}, allow_other) nor one it \
+             ignores ({})",
+            VALUED.map(|(n, _)| format!("{n}=")).join(", "),
+            IGNORED.join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<OsString> {
+        words.iter().map(OsString::from).collect()
+    }
+
+    fn verb(word: &OsStr) -> bool {
+        word == "mount" || word == "ls"
+    }
+
+    #[test]
+    fn mount_fuse3s_command_line_becomes_a_background_mount() {
+        let said = translate(
+            &args(&[
+                "tensorfs",
+                "/srv/store",
+                "/srv/models",
+                "-o",
+                "rw,dev,suid,endpoint=https://e.example,cache_size=20G,allow_other,x-systemd.automount",
+            ]),
+            verb,
+        );
+        assert_eq!(
+            said,
+            Some(Ok(args(&[
+                "tensorfs",
+                "--store",
+                "/srv/store",
+                "mount",
+                "/srv/models",
+                "--endpoint",
+                "https://e.example",
+                "--cache-size",
+                "20G",
+                "--allow-other",
+            ])))
+        );
+        // A mount.fuse.tensorfs helper's form, with the type and util-linux's flags.
+        let said = translate(
+            &args(&[
+                "m",
+                "tensorfs#/s",
+                "/m",
+                "-n",
+                "-t",
+                "fuse.tensorfs",
+                "-o",
+                "ro",
+            ]),
+            verb,
+        );
+        assert_eq!(said, Some(Ok(args(&["m", "--store", "/s", "mount", "/m"]))));
+    }
+
+    #[test]
+    fn verbs_and_flags_are_no_helper_command_line() {
+        for words in [
+            &["tensorfs", "mount", "/m"][..],
+            &["tensorfs", "ls", "a", "b"],
+            &["tensorfs", "--store", "/s", "ls"],
+            &["tensorfs", "/s"],
+        ] {
+            assert_eq!(translate(&args(words), verb), None, "{words:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_or_empty_options_are_refused_by_name() {
+        for (options, named) in [
+            ("ro,turbo", "\"turbo\""),
+            ("endpoint=", "endpoint needs a value"),
+            ("cache_size", "cache_size needs a value"),
+        ] {
+            let said = translate(&args(&["t", "/s", "/m", "-o", options]), verb);
+            let Some(Err(why)) = said else {
+                panic!("{options}: {said:?}")
+            };
+            assert!(why.contains(named), "{options}: {why}");
+        }
+        let said = translate(&args(&["t", "/s", "/m", "-x"]), verb);
+        assert!(matches!(said, Some(Err(why)) if why.contains("\"-x\"")));
+    }
+}
