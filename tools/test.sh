@@ -16,6 +16,8 @@
 #    tools/package.sh and tools/package-test.sh (the Debian package built with cargo-deb,
 #    installed with apt-get, its man page, bash completion and systemd units checked, a fstab
 #    line mounted, an upgrade that keeps the mount, the units' command lines with readiness),
+#    tools/unprivileged-test.sh (a user other than root, /dev/fuse 0666 as Debian ships it:
+#    import, background mount, reads, status, allow_other refused then allowed, unmount),
 #    tools/main-job.sh (all-MiniLM-L6-v2 imported, mounted, embeddings and SHA-256s equal),
 #    tools/python-test.sh (the cozytensors wheel built with maturin, its pytest suite: every
 #    tensor of a mounted file read from the blobs equal to safetensors' own, the fallbacks,
@@ -104,6 +106,8 @@ if [ $run_e2e = 1 ]; then
     step "Debian package (cargo deb; installed: man page, completion, units, fstab, upgrade)" \
         bash -c 'deb="$("$0"/tools/package.sh --no-build)" && timeout -k 30 "$1" "$0"/tools/package-test.sh "$deb"' \
         "$TENSORFS_ROOT" "$e2e_limit"
+    step "a user other than root (import, mount, read, allow_other, unmount)" \
+        timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/unprivileged-test.sh"
     work="$(mktemp -d "${TMPDIR:-/tmp}/tensorfs-test.XXXXXX")"
     step "main job (all-MiniLM-L6-v2 through the mount)" timeout -k 30 "$e2e_limit" "$TENSORFS_ROOT/tools/main-job.sh"
     passed+=("main job")
