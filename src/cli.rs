@@ -1,6 +1,7 @@
 //! The `tensorfs` command line: argument parsing, logging setup and one module per verb.
 
 mod docs;
+mod doctor;
 mod download;
 mod du;
 mod export;
@@ -73,6 +74,9 @@ pub enum Command {
     Download(download::Args),
     /// Upload a repo's newest commits (every lane, or one) to an endpoint.
     Upload(upload::Args),
+    /// Check what this machine and user can do (FUSE, fusermount3, passthrough, io_uring, the
+    /// store, stale mounts), each finding with its fix; fails when a mount cannot run.
+    Doctor(doctor::Args),
     /// Print a shell's completion script for tensorfs (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionArgs),
     /// Write the man pages (tensorfs.1, tensorfs-VERB.1) into DIR; for packaging.
@@ -209,6 +213,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&cli, args),
         Command::Download(args) => download::run(&cli, args),
         Command::Upload(args) => upload::run(&cli, args),
+        Command::Doctor(args) => doctor::run(&cli, args),
         Command::Completions(args) => docs::completions(args),
         Command::Manpages(args) => docs::manpages(args),
     };

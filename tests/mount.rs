@@ -468,6 +468,29 @@ fn a_stale_mountpoint_is_detected_and_cleared() {
     let err = session::check_mountpoint(&root).unwrap_err();
     assert!(matches!(err, MountError::Stale { .. }), "{err}");
     assert!(err.to_string().contains("umount -l"), "{err}");
+    // `tensorfs doctor` names it, with the fix.
+    let doctor = std::process::Command::new(env!("CARGO_BIN_EXE_tensorfs"))
+        .args(["doctor", "--json", "--store"])
+        .arg(dir.path().join("no-store"))
+        .output()
+        .unwrap();
+    let said: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let stale = said
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "stale mounts")
+        .unwrap();
+    let shown = root.display().to_string();
+    assert_eq!(stale["status"], "warn", "{stale}");
+    assert!(
+        stale["finding"].as_str().unwrap().contains(&shown),
+        "{stale}"
+    );
+    assert!(
+        stale["fix"].as_str().unwrap().contains("unmount --lazy"),
+        "{stale}"
+    );
     session::unmount(&root, true).unwrap();
     wait_for(
         || session::check_mountpoint(&root).is_ok(),

@@ -4,8 +4,10 @@
 #
 #   tools/unprivileged-test.sh
 #
-# creates the user `tensorfs-test` (once; kept for the next run), makes `/dev/fuse` 0666 for
-# the run (its mode is put back afterwards), then as that user: imports a small Transformers
+# creates the user `tensorfs-test` (once; kept for the next run); `tensorfs doctor` as that user
+# fails naming `/dev/fuse` and its fix while the device is closed to it; makes `/dev/fuse` 0666
+# for the run (its mode is put back afterwards), where doctor passes (passthrough a warning:
+# no CAP_SYS_ADMIN), then as that user: imports a small Transformers
 # folder into a store in its home, mounts it in the background (no views: they need
 # CAP_SYS_ADMIN, and the mount says nothing about them), reads every file back equal, sees
 # `tensorfs status` report the mount, is refused `--allow-other` with the fix when
@@ -48,7 +50,22 @@ finish() {
     exit $rc
 }
 trap finish EXIT
+# doctor: /dev/fuse closed to the user is what fails, named with its fix; open, all passes.
+if out="$(runuser -u "$user" -- "$work/tensorfs" doctor --store "$home/store" 2>&1)"; then
+    [ "$fuse_mode" = 666 ] || die "doctor passed with /dev/fuse $fuse_mode: $out"
+else
+    grep -q '^fail  /dev/fuse .*may not open it' <<<"$out" && grep -q 'chmod 0666 /dev/fuse' <<<"$out" ||
+        die "doctor's /dev/fuse finding: $out"
+fi
 chmod 666 /dev/fuse
+out="$(runuser -u "$user" -- "$work/tensorfs" doctor --json --store "$home/store" 2>&1)" || die "doctor fails with /dev/fuse 0666: $out"
+python3 - "$out" <<'PY' || die "doctor --json as the user: $out"
+import json, sys
+said = {f["check"]: f for f in json.loads(sys.argv[1])}
+assert said["/dev/fuse"]["status"] == "ok", said["/dev/fuse"]
+assert said["passthrough"]["status"] == "warn" and "CAP_SYS_ADMIN" in said["passthrough"]["finding"], said["passthrough"]
+assert not [f for f in said.values() if f["status"] == "fail"], said
+PY
 
 # A small Transformers folder, the user's.
 src="$home/src"
