@@ -5,7 +5,7 @@
 #
 # The release binary (built unless --no-build), then from it the man pages (`tensorfs
 # manpages`, gzipped as Debian installs them) and the bash, zsh and fish completions
-# (`tensorfs completions SHELL`) into target/package/, then `cargo deb --no-build` with the
+# (`tensorfs completions SHELL`) into target/deb-assets/, then `cargo deb --no-build` with the
 # assets Cargo.toml's [package.metadata.deb] lists. cargo-deb is installed once into
 # ~/.cache/tensorfs-dev/cargo-deb when it is not on PATH.
 set -euo pipefail
@@ -37,7 +37,7 @@ fi
 # The package's binary is the release build (cargo-deb finds target/release/ in CARGO_TARGET_DIR).
 bin="$TENSORFS_BIN"
 [ -x "$bin" ] || die "$bin is not built"
-out="$TENSORFS_ROOT/target/package"
+out="$TENSORFS_ROOT/target/deb-assets"
 rm -rf "$out"
 mkdir -p "$out/completions"
 "$bin" manpages "$out/man" >/dev/null
