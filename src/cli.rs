@@ -190,6 +190,8 @@ pub fn main() -> ExitCode {
     // The mount daemon's log says what it served and refused; commands only warn.
     init_logging(match cli.command {
         Command::Mount(_) | Command::Serve(_) => "info",
+        // Its trial mount's warnings are findings it reports.
+        Command::Doctor(_) => "error",
         _ => "warn",
     });
     if let Err(why) = crate::io::Backend::from_env() {

@@ -234,6 +234,8 @@ thread_local! {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let abi = config.kernel_abi();
+        self.fs.set_protocol(abi.0, abi.1);
         // Large reads: `max_write` also sets `max_pages` (fuser derives it from the larger of
         // max_write and max_readahead), which caps every request, reads included. 1 MiB is the
         // kernel's default `max_pages_limit`. The kernel refuses readahead above what it

@@ -58,7 +58,7 @@ else
         die "doctor's /dev/fuse finding: $out"
 fi
 chmod 666 /dev/fuse
-out="$(runuser -u "$user" -- "$work/tensorfs" doctor --json --store "$home/store" 2>&1)" || die "doctor fails with /dev/fuse 0666: $out"
+out="$(runuser -u "$user" -- "$work/tensorfs" doctor --json --store "$home/store")" || die "doctor fails with /dev/fuse 0666: $out"
 python3 - "$out" <<'PY' || die "doctor --json as the user: $out"
 import json, sys
 said = {f["check"]: f for f in json.loads(sys.argv[1])}

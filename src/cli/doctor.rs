@@ -7,7 +7,8 @@
 //! (`CAP_SYS_ADMIN`, for views), io_uring (`kernel.io_uring_disabled`, a seccomp filter that
 //! refuses `io_uring_setup`, as containers' default profiles do), `RLIMIT_MEMLOCK` for the
 //! registered read buffers, `fs.fuse.max_pages_limit`, an overlayfs under the views' folder,
-//! the store (its format, free space above the reserve), and stale mounts of ours.
+//! the store (its format, free space above the reserve), stale mounts of ours, then a trial
+//! mount of an empty store (which also reads the FUSE protocol version the kernel speaks).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -93,9 +94,19 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         io_uring(),
         memlock(),
         max_pages(),
+        readahead(root),
     ];
     findings.extend(store(cli));
     findings.push(stale_mounts());
+    findings.push(match findings.iter().any(|f| f.status == Status::Fail) {
+        true => not_ok(
+            "trial mount",
+            Status::Fail,
+            "not tried: the failures above keep a mount from running",
+            "fix them, then run tensorfs doctor again",
+        ),
+        false => trial_mount(),
+    });
     if args.json {
         let list: Vec<_> = findings
             .iter()
@@ -395,6 +406,20 @@ fn max_pages() -> Finding {
     }
 }
 
+fn readahead(root: bool) -> Finding {
+    const CHECK: &str = "readahead";
+    match root {
+        true => ok(CHECK, "a mount raises its readahead to 1 MiB"),
+        false => not_ok(
+            CHECK,
+            Status::Warn,
+            "a mount of a user other than root keeps the kernel's 128 KiB readahead (the \
+             setting, /sys/class/bdi/*/read_ahead_kb, is root's): slower sequential reads",
+            "as root, after mounting: echo 1024 > /sys/class/bdi/$(mountpoint -d MOUNTPOINT)/read_ahead_kb",
+        ),
+    }
+}
+
 /// The store's findings: format, free space, the views' filesystem.
 fn store(cli: &Cli) -> Vec<Finding> {
     const CHECK: &str = "store";
@@ -493,9 +518,14 @@ fn views_filesystem(views: &Path) -> Finding {
 /// Mounts of ours whose daemon is gone (`ENOTCONN`).
 fn stale_mounts() -> Finding {
     const CHECK: &str = "stale mounts";
+    // Asked as `tensorfs status` asks, within its time: a hung daemon does not hang this.
     let stale: Vec<String> = crate::fuse::session::mounts()
         .into_iter()
-        .filter(|m| std::fs::metadata(m).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN)))
+        .filter(|m| {
+            super::status::query(m)["problem"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("stale"))
+        })
         .map(|m| m.display().to_string())
         .collect();
     match stale.first() {
@@ -507,4 +537,49 @@ fn stale_mounts() -> Finding {
             format!("tensorfs unmount --lazy {first} (each of them)"),
         ),
     }
+}
+
+/// Mounts an empty store on a folder of its own, reads the mount's status (the FUSE protocol
+/// the kernel speaks), and unmounts: what the findings above predict, done.
+fn trial_mount() -> Finding {
+    const CHECK: &str = "trial mount";
+    let dir = std::env::temp_dir().join(format!("tensorfs-doctor-{}", std::process::id()));
+    let result = try_mount(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Ok(protocol) => ok(
+            CHECK,
+            format!("an empty store mounted, answered and unmounted (FUSE protocol {protocol})"),
+        ),
+        Err(why) => not_ok(
+            CHECK,
+            Status::Fail,
+            format!("mounting an empty store in {} failed: {why}", dir.display()),
+            "the error says what; tensorfs mount reports the same",
+        ),
+    }
+}
+
+/// The FUSE protocol version a trial mount under `dir` reported.
+fn try_mount(dir: &Path) -> Result<String, String> {
+    use crate::fuse::session::{self, MountConfig};
+    let (store, mountpoint) = (dir.join("store"), dir.join("mnt"));
+    std::fs::create_dir_all(&mountpoint).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Store::open(&store).map_err(|e| e.to_string())?;
+    let handle =
+        session::spawn(MountConfig::new(&store, &mountpoint)).map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    while !session::is_mounted(handle.mountpoint())
+        && started.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let status = super::status::query(handle.mountpoint());
+    let unmounted = handle.unmount().map_err(|e| format!("unmounting: {e}"));
+    let protocol = match (status["fuse_protocol"].as_str(), status["problem"].as_str()) {
+        (Some(protocol), _) => protocol.to_owned(),
+        (None, Some(problem)) => return Err(format!("the mount does not answer: {problem}")),
+        (None, None) => "unknown".to_owned(),
+    };
+    unmounted.map(|()| protocol)
 }

@@ -63,7 +63,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The status of the mount at `mountpoint`, or `{"mountpoint", "problem", "fix"}`.
-fn query(mountpoint: &Path) -> Value {
+pub(super) fn query(mountpoint: &Path) -> Value {
     let path = mountpoint.to_path_buf();
     let (tx, rx) = std::sync::mpsc::channel();
     // A hung daemon blocks the call: it is left behind, and the process exits without it.

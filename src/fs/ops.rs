@@ -98,6 +98,8 @@ pub struct TensorFs {
     pub(super) counters: Counters,
     /// What a layer above adds to the status.
     pub(super) status_extra: OnceLock<StatusExtra>,
+    /// The FUSE protocol version (major, minor) the kernel spoke at `INIT`.
+    pub(super) protocol: OnceLock<(u32, u32)>,
 }
 
 impl std::fmt::Debug for TensorFs {
@@ -142,6 +144,7 @@ impl TensorFs {
             reported: Mutex::default(),
             counters: Counters::default(),
             status_extra: OnceLock::new(),
+            protocol: OnceLock::new(),
         }
     }
 

@@ -56,10 +56,17 @@ impl TensorFs {
         let _ = self.status_extra.set(extra);
     }
 
+    /// Records the FUSE protocol version (major, minor) the kernel offered at `INIT`, which the
+    /// status reports as `fuse_protocol` (`"7.45"`).
+    pub fn set_protocol(&self, major: u32, minor: u32) {
+        let _ = self.protocol.set((major, minor));
+    }
+
     /// The mount's status: `store`, `started` and `uptime_s` (seconds), `requests`, `reads`,
     /// `bytes_served`, `read_errors`, `opens`, `open_files`, `holds` (`commits`, `objects`:
     /// what open files keep from collections), `blobs` (`proven`, `hashed`, `damaged`), `views`
-    /// (`count`, `bytes`, `budget_bytes`; null without views), then the extra fields.
+    /// (`count`, `bytes`, `budget_bytes`; null without views), `fuse_protocol` (the kernel's
+    /// FUSE protocol version, `"7.45"`), then the extra fields.
     pub fn status(&self) -> Value {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -98,6 +105,7 @@ impl TensorFs {
             "holds": {"commits": commits, "objects": objects},
             "blobs": self.objects.stats(),
             "views": views,
+            "fuse_protocol": self.protocol.get().map(|(major, minor)| format!("{major}.{minor}")),
         });
         if let (Some(extra), Value::Object(fields)) = (self.status_extra.get(), &mut status) {
             fields.extend(extra());
