@@ -56,7 +56,8 @@ const IGNORED: [&str; 27] = [
 ];
 
 /// The verb command line a helper's `args` (with the program's name first) stand for, or `None`
-/// when they are not a helper's (a verb, a flag or too few words come first).
+/// when they are not a helper's (a verb, a flag, too few words, or a first word that is no
+/// path, `tensorfs#PATH` nor folder).
 ///
 /// # Errors
 /// An option this mount does not know, or one without its value, named.
@@ -69,7 +70,13 @@ pub fn translate(
         return None;
     };
     let starts_flag = |a: &OsString| a.as_encoded_bytes().starts_with(b"-");
-    if starts_flag(source) || starts_flag(mountpoint) || is_verb(source) {
+    // A store is a path (fstab's are absolute) or an existing folder, so a mistyped verb
+    // (`tensorfs improt DIR`) stays clap's error, with its suggestion.
+    let bytes = source.as_encoded_bytes();
+    let store_like = bytes.contains(&b'/')
+        || bytes.starts_with(b"tensorfs#")
+        || std::path::Path::new(source).is_dir();
+    if !store_like || starts_flag(source) || starts_flag(mountpoint) || is_verb(source) {
         return None;
     }
     Some(rewrite(program, source, mountpoint, options))
@@ -205,6 +212,7 @@ mod tests {
             &["tensorfs", "ls", "a", "b"],
             &["tensorfs", "--store", "/s", "ls"],
             &["tensorfs", "/s"],
+            &["tensorfs", "improt", "./folder", "--name", "local/x"],
         ] {
             assert_eq!(translate(&args(words), verb), None, "{words:?}");
         }
