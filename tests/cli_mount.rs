@@ -447,6 +447,25 @@ fn closing_a_mounted_file_does_not_wait_for_the_daemon() {
     assert!(!mounted(&mnt));
 }
 
+/// `status` and `unmount` take the mount point as `mount` did, through a symlink or `..`
+/// (a home behind a symlink): they were refused as "not a TensorFS mount".
+#[test]
+fn status_and_unmount_resolve_symlinks_and_dotdot_as_mount_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt, _) = mounted_tiny(dir.path(), &[]);
+    let _cleanup = Cleanup(&mnt);
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&mnt, &link).unwrap();
+    fs::create_dir(dir.path().join("sub")).unwrap();
+    let dotdot = dir.path().join("sub/../mnt");
+    for path in [&link, &dotdot] {
+        let said = ok(&store, &["status", path.to_str().unwrap()]);
+        assert!(said.contains("daemon pid"), "{}: {said}", path.display());
+    }
+    ok(&store, &["unmount", link.to_str().unwrap()]);
+    assert!(!mounted(&mnt));
+}
+
 #[test]
 fn status_reports_a_running_mount_from_its_daemon() {
     use std::io::Read;

@@ -29,10 +29,16 @@ pub struct ManArgs {
 /// as `/usr/share/bash-completion/completions/tensorfs`).
 ///
 /// # Errors
-/// Never; writing to a closed pipe ends the process quietly.
+/// Standard output cannot be written (a closed pipe ends the process quietly instead).
 pub fn completions(args: &CompletionArgs) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
     let mut command = Cli::command();
-    clap_complete::generate(args.shell, &mut command, "tensorfs", &mut std::io::stdout());
+    // Into memory first: clap_complete panics when its writer fails.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut command, "tensorfs", &mut script);
+    std::io::stdout()
+        .write_all(&script)
+        .context("writing to standard output")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -48,10 +54,7 @@ pub fn manpages(args: &ManArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let mut written = vec![write_page(&args.dir, "tensorfs", command.clone())?];
-    for verb in command
-        .get_subcommands()
-        .filter(|v| !v.is_hide_set() && v.get_name() != "help")
-    {
+    for verb in command.get_subcommands().filter(|v| !v.is_hide_set()) {
         let name = format!("tensorfs-{}", verb.get_name());
         // Each verb's page is titled and invoked by its full name.
         let verb = verb

@@ -353,8 +353,12 @@ fn io_uring() -> Finding {
 
 fn memlock() -> Finding {
     const CHECK: &str = "RLIMIT_MEMLOCK";
-    // Each reading thread's ring registers 4 bounce buffers of 1 MiB (io::backend).
-    const NEED: u64 = 4 << 20;
+    // Each reading thread's ring registers 4 bounce buffers of 1 MiB (io::backend), and a
+    // mount reads on up to 8 worker threads.
+    const NEED: u64 = 8 * (4 << 20);
+    if is_root() {
+        return ok(CHECK, "not binding: root may lock memory (CAP_IPC_LOCK)");
+    }
     // SAFETY: getrlimit fills the zeroed struct we own.
     let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -365,17 +369,17 @@ fn memlock() -> Finding {
         libc::RLIM_INFINITY => "unlimited".to_owned(),
         n => super::human(n),
     };
-    match limit.rlim_cur == libc::RLIM_INFINITY || limit.rlim_cur >= NEED || is_root() {
+    match limit.rlim_cur == libc::RLIM_INFINITY || limit.rlim_cur >= NEED {
         true => ok(
             CHECK,
-            format!("{} (registered read buffers fit)", shown(limit.rlim_cur)),
+            format!("{}: registered read buffers fit", shown(limit.rlim_cur)),
         ),
         false => not_ok(
             CHECK,
             Status::Warn,
             format!(
-                "{}: io_uring's registered buffers (4 MiB a reading thread) do not fit; reads go \
-                 unregistered",
+                "{}: io_uring's registered buffers (4 MiB a reading thread, up to 8 threads: \
+                 32 MiB) do not all fit; the threads past it read unregistered",
                 shown(limit.rlim_cur)
             ),
             "raise it (ulimit -l, LimitMEMLOCK= in a unit, memlock in /etc/security/limits.conf)",
@@ -434,10 +438,39 @@ fn store(cli: &Cli) -> Vec<Finding> {
             )]
         }
     };
-    if !root.exists() {
-        return vec![ok(
+    // Where the store is, or the folder it would be made in: this user must write it.
+    let existing = root.ancestors().find(|d| d.exists()).unwrap_or(&root);
+    let Ok(c) = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()) else {
+        return vec![not_ok(
             CHECK,
-            format!("{}: none yet (the first import makes it)", root.display()),
+            Status::Fail,
+            "a NUL in the path",
+            "pass --store DIR",
+        )];
+    };
+    // SAFETY: a NUL-terminated path; access only reads it.
+    if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK | libc::X_OK) } != 0 {
+        return vec![not_ok(
+            CHECK,
+            Status::Fail,
+            format!(
+                "{}: this user may not write {}",
+                root.display(),
+                existing.display()
+            ),
+            "use a store of your own (--store DIR, or TENSORFS_HOME), or ask its owner",
+        )];
+    }
+    let empty = std::fs::read_dir(&root).is_ok_and(|mut d| d.next().is_none());
+    if !root.exists() || empty {
+        return vec![not_ok(
+            CHECK,
+            Status::Warn,
+            format!(
+                "{}: none yet, so a mount of it alone fails (one over an endpoint makes it)",
+                root.display()
+            ),
+            "tensorfs import a model first (that makes the store)",
         )];
     }
     let store = match Store::open_existing(&root) {

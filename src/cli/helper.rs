@@ -90,11 +90,21 @@ fn rewrite(
 ) -> Result<Vec<OsString>, String> {
     // `mount.fuse3 tensorfs#STORE …` names the program before `#`.
     let store = match source.to_str().and_then(|s| s.strip_prefix("tensorfs#")) {
+        Some("") => return Err("no store before the mount point (tensorfs#STORE)".into()),
         Some(store) => OsString::from(store),
         None => source.clone(),
     };
+    // mount.fuse3's drop_privileges mounts itself and hands over /dev/fd/N.
+    if mountpoint.as_encoded_bytes().starts_with(b"/dev/fd/") {
+        return Err(format!(
+            "the mount point {} is a descriptor (mount.fuse3's drop_privileges), which tensorfs \
+             does not take: mount without drop_privileges",
+            mountpoint.to_string_lossy()
+        ));
+    }
     let mut out: Vec<OsString> = vec![program.clone(), "--store".into(), store, "mount".into()];
     out.push(mountpoint.clone());
+    let mut given: Vec<String> = Vec::new();
     let mut words = options.iter();
     while let Some(word) = words.next() {
         match word.to_str() {
@@ -104,7 +114,15 @@ fn rewrite(
                     .to_str()
                     .ok_or_else(|| format!("the mount options {list:?} are not UTF-8"))?;
                 for option in list.split(',').filter(|o| !o.is_empty()) {
-                    out.extend(flags(option)?);
+                    let set = flags(option)?;
+                    let name = option.split('=').next().unwrap_or(option);
+                    if !set.is_empty() && name != "repo" {
+                        if given.iter().any(|g| g == name) {
+                            return Err(format!("the mount option {name} is given twice"));
+                        }
+                        given.push(name.to_owned());
+                    }
+                    out.extend(set);
                 }
             }
             // The type (`fuse.tensorfs`), and util-linux's sloppy, verbose and no-mtab flags.
@@ -120,6 +138,14 @@ fn rewrite(
             None => return Err(format!("{word:?} is not UTF-8")),
         }
     }
+    let has = |name: &str| given.iter().any(|g| g == name);
+    if let Some(needs) = ["cache_size", "repo"].into_iter().find(|n| has(n)) {
+        if !has("endpoint") {
+            return Err(format!(
+                "the mount option {needs} is for a mount over an endpoint: add endpoint=URL"
+            ));
+        }
+    }
     Ok(out)
 }
 
@@ -133,7 +159,8 @@ fn flags(option: &str) -> Result<Vec<OsString>, String> {
         let value = value
             .filter(|v| !v.is_empty())
             .ok_or_else(|| format!("the mount option {name} needs a value ({name}=…)"))?;
-        return Ok(vec![(*flag).into(), value.into()]);
+        // One word, so a value starting with `-` stays the flag's.
+        return Ok(vec![format!("{flag}={value}").into()]);
     }
     match (name, value) {
         ("allow_other", None) => Ok(vec!["--allow-other".into()]),
@@ -142,7 +169,7 @@ fn flags(option: &str) -> Result<Vec<OsString>, String> {
         (name, _) if name.starts_with("x-") || name == "comment" => Ok(Vec::new()),
         _ => Err(format!(
             "the mount option {option:?} is not one of tensorfs's ({}, allow_other) nor one it \
-             ignores ({})",
+             ignores ({}, x-*, comment=)",
             VALUED.map(|(n, _)| format!("{n}=")).join(", "),
             IGNORED.join(", ")
         )),
@@ -181,10 +208,8 @@ mod tests {
                 "/srv/store",
                 "mount",
                 "/srv/models",
-                "--endpoint",
-                "https://e.example",
-                "--cache-size",
-                "20G",
+                "--endpoint=https://e.example",
+                "--cache-size=20G",
                 "--allow-other",
             ])))
         );
@@ -224,6 +249,8 @@ mod tests {
             ("ro,turbo", "\"turbo\""),
             ("endpoint=", "endpoint needs a value"),
             ("cache_size", "cache_size needs a value"),
+            ("threads=2,threads=3", "threads is given twice"),
+            ("cache_size=1G", "add endpoint=URL"),
         ] {
             let said = translate(&args(&["t", "/s", "/m", "-o", options]), verb);
             let Some(Err(why)) = said else {
@@ -233,5 +260,22 @@ mod tests {
         }
         let said = translate(&args(&["t", "/s", "/m", "-x"]), verb);
         assert!(matches!(said, Some(Err(why)) if why.contains("\"-x\"")));
+        let said = translate(&args(&["t", "/s", "/dev/fd/3"]), verb);
+        assert!(matches!(said, Some(Err(why)) if why.contains("drop_privileges")));
+        let said = translate(&args(&["t", "tensorfs#", "/m"]), verb);
+        assert!(matches!(said, Some(Err(why)) if why.contains("no store")));
+        // A value starting with `-` stays the option's.
+        let said = translate(&args(&["t", "/s", "/m", "-o", "log_file=-x.log"]), verb);
+        assert_eq!(
+            said,
+            Some(Ok(args(&[
+                "t",
+                "--store",
+                "/s",
+                "mount",
+                "/m",
+                "--log-file=-x.log"
+            ])))
+        );
     }
 }

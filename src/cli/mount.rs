@@ -2,6 +2,7 @@
 //! `tensorfs unmount MOUNTPOINT`.
 
 use std::fs::{self, OpenOptions};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -222,12 +223,18 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         };
     }
     command.stderr(log_file);
+    // A unit that runs `mount` in the background is told by `mount` returning; the daemon
+    // must not report to that unit's manager as if it were the unit.
+    command.env_remove("NOTIFY_SOCKET");
     let pid = session::spawn_background(command, &mountpoint, Duration::from_secs(30))?;
     let from = match &remote {
         Some(remote) => format!(" with the models of {}", remote.endpoint),
         None => String::new(),
     };
-    println!(
+    // The mount is live: a line nobody can read (stdout full or closed) does not undo that,
+    // so mount(8) is not told it failed.
+    let _ = writeln!(
+        std::io::stdout(),
         "mounted {}{from} at {} (daemon pid {pid}, log {}); stop it with `tensorfs unmount {}`",
         store.display(),
         mountpoint.display(),
@@ -240,7 +247,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 pub fn unmount(args: &UnmountArgs) -> anyhow::Result<ExitCode> {
     // Asked before: once unmounted, the daemon cannot be asked.
     let daemon = (!args.lazy)
-        .then(|| super::status::daemon_pid(&args.mountpoint))
+        .then(|| super::status::daemon_pid(&session::resolve_mountpoint(&args.mountpoint)))
         .flatten();
     session::unmount(&args.mountpoint, args.lazy)?;
     let how = if args.lazy { "detached" } else { "unmounted" };

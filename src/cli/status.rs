@@ -37,7 +37,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mounts = match &args.mountpoint {
         Some(path) => {
-            let canonical = std::path::absolute(path)?;
+            let canonical = session::resolve_mountpoint(path);
             if !session::is_mounted(&canonical) {
                 bail!("{} is not a TensorFS mount", path.display());
             }

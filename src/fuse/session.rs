@@ -389,10 +389,10 @@ async fn serve(config: MountConfig) -> Result<(), MountError> {
         mountpoint,
     } = mounted?;
     // A systemd unit of `Type=notify` starts what depends on the mount only now.
-    notify_systemd(&[
-        sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&format!("serving {}", mountpoint.display())),
-    ]);
+    notify_systemd(&format!(
+        "READY=1\nSTATUS=serving {}\n",
+        mountpoint.display()
+    ));
     let mut run = tokio::task::spawn_blocking(move || ended(session.run()));
     let signal = tokio::select! {
         ended = &mut run => return ended_session(&mountpoint, ended),
@@ -400,7 +400,7 @@ async fn serve(config: MountConfig) -> Result<(), MountError> {
         _ = int.recv() => "SIGINT",
     };
     tracing::info!("{signal}: unmounting {}", mountpoint.display());
-    notify_systemd(&[sd_notify::NotifyState::Stopping]);
+    notify_systemd("STOPPING=1\n");
     detach(&mut unmounter, &mountpoint)?;
     tokio::select! {
         ended = &mut run => ended_session(&mountpoint, ended),
@@ -469,11 +469,28 @@ fn notify_ready(fd: Option<RawFd>, result: Result<(), &MountError>) {
     }
 }
 
-/// Tells the service manager `states` when it asked to be told (`NOTIFY_SOCKET`, systemd's
-/// `Type=notify`); nothing otherwise. A failure only costs the manager's view, so it is logged.
-fn notify_systemd(states: &[sd_notify::NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!("telling the service manager (NOTIFY_SOCKET): {e}");
+/// Tells the service manager `message` (`KEY=value` lines) when it asked to be told: one
+/// datagram to `NOTIFY_SOCKET`, a path or, starting with `@`, an abstract socket name
+/// (sd_notify(3), systemd's `Type=notify`); nothing otherwise. A failure only costs the
+/// manager's view, so it is logged.
+fn notify_systemd(message: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = (|| {
+        let address = match target.as_encoded_bytes().strip_prefix(b"@") {
+            Some(name) => SocketAddr::from_abstract_name(name)?,
+            None => SocketAddr::from_pathname(Path::new(&target))?,
+        };
+        UnixDatagram::unbound()?.send_to_addr(message.as_bytes(), &address)
+    })();
+    if let Err(e) = sent {
+        tracing::warn!(
+            "telling the service manager (NOTIFY_SOCKET={}): {e}",
+            target.to_string_lossy()
+        );
     }
 }
 
@@ -671,8 +688,7 @@ const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 /// # Errors
 /// Not a TensorFS mount, busy (without `lazy`), or not permitted.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
-    // Not canonicalized: resolving a stale mount point fails with ENOTCONN.
-    let path = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let path = resolve_mountpoint(mountpoint);
     if !is_mounted(&path) {
         // A stale mount point fails to stat with ENOTCONN, not ENOENT, so only a path that is
         // really absent is called so.
@@ -770,6 +786,23 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
         });
     }
     Ok(canonical)
+}
+
+/// The mount point `path` names, as mountinfo lists it: symlinks and `..` resolved as `mount`
+/// resolved them, without asking the mount itself (a stale one answers `ENOTCONN`): its
+/// folder is resolved, and the last component only when it is a symlink.
+pub fn resolve_mountpoint(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
+        return fs::canonicalize(&absolute).unwrap_or(absolute);
+    };
+    let joined = fs::canonicalize(parent)
+        .unwrap_or_else(|_| parent.to_path_buf())
+        .join(name);
+    match fs::read_link(&joined) {
+        Ok(_) => fs::canonicalize(&joined).unwrap_or(joined),
+        Err(_) => joined,
+    }
 }
 
 /// That this process may mount with `allow_other`: root may; another user when
