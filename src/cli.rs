@@ -38,15 +38,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// What `mount --help` and tensorfs-mount(1) say of mount(8)'s command line (`cli::helper`).
-const MOUNT_HELPER_HELP: &str = "\
-From fstab and mount(8): a line `STORE MOUNTPOINT fuse.tensorfs defaults,_netdev 0 0`, or \
-`mount -t fuse.tensorfs STORE MOUNTPOINT -o OPTIONS`, runs `tensorfs STORE MOUNTPOINT -o OPTIONS`, \
-which is this verb in the background with --store STORE. The options endpoint=URL, repo=ORG/NAME, \
-cache_size=SIZE, fetch_deadline=DURATION, view_cache=SIZE, view_dir=DIR, threads=N, log_file=FILE \
-and allow_other are this verb's flags; defaults, ro, rw, dev, suid, exec, the atime options, auto, \
-noauto, user, nofail, _netdev, x-* and comment= change nothing; any other is refused by name.";
-
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -72,7 +63,7 @@ pub enum Command {
     Du(du::Args),
     /// Show the store as folders at MOUNTPOINT (read-only FUSE; in the background by default);
     /// with --endpoint, an endpoint's models too, fetched as they are read.
-    #[command(after_long_help = MOUNT_HELPER_HELP)]
+    #[command(after_long_help = helper::help())]
     Mount(mount::Args),
     /// Unmount a mount point and stop its daemon.
     Unmount(mount::UnmountArgs),

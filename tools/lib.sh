@@ -234,3 +234,22 @@ _e2e_cleanup() {
     echo "$_e2e_label: $result"
     exit $rc
 }
+
+# tiny_folder DIR [RUNNER...]: a small Transformers folder in DIR (existing): model.safetensors
+# holding one random F32 tensor of 50000 values, and config.json; written by system python3,
+# run through RUNNER when given (a function that runs its arguments as another user).
+tiny_folder() {
+    local dir="$1"
+    shift
+    "$@" python3 -c '
+import json, os, struct, sys
+src = sys.argv[1]
+data = os.urandom(4 * 50000)
+header = json.dumps({"w": {"dtype": "F32", "shape": [50000], "data_offsets": [0, len(data)]}}).encode()
+header += b" " * (-len(header) % 8)
+with open(os.path.join(src, "model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(header)) + header + data)
+json.dump({"model_type": "bert"}, open(os.path.join(src, "config.json"), "w"))
+' "$dir"
+}
+

@@ -98,18 +98,7 @@ log "systemd-analyze verify: both units clean"
 # A store holding a small Transformers folder.
 src="$work/src"
 mkdir -p "$src"
-head -c 300000 /dev/urandom >"$src/model.safetensors.tmp"
-python3 - "$src" <<'PY'
-import json, struct, sys, os
-src = sys.argv[1]
-data = open(os.path.join(src, "model.safetensors.tmp"), "rb").read()[:4 * 50000]
-header = json.dumps({"w": {"dtype": "F32", "shape": [50000], "data_offsets": [0, len(data)]}}).encode()
-header += b" " * (-len(header) % 8)
-with open(os.path.join(src, "model.safetensors"), "wb") as f:
-    f.write(struct.pack("<Q", len(header)) + header + data)
-os.remove(os.path.join(src, "model.safetensors.tmp"))
-json.dump({"model_type": "bert"}, open(os.path.join(src, "config.json"), "w"))
-PY
+tiny_folder "$src"
 store="$work/store"
 /usr/bin/tensorfs --store "$store" import "$src" --name local/tiny >/dev/null
 file=local/tiny/latest/f32/model.safetensors

@@ -71,16 +71,7 @@ PY
 src="$home/src"
 as_user rm -rf "$src" "$home/store" "$mnt"
 as_user mkdir -p "$src" "$mnt"
-as_user python3 - "$src" <<'PY'
-import json, os, struct, sys
-src = sys.argv[1]
-data = os.urandom(4 * 40000)
-header = json.dumps({"w": {"dtype": "F32", "shape": [40000], "data_offsets": [0, len(data)]}}).encode()
-header += b" " * (-len(header) % 8)
-with open(os.path.join(src, "model.safetensors"), "wb") as f:
-    f.write(struct.pack("<Q", len(header)) + header + data)
-json.dump({"model_type": "bert"}, open(os.path.join(src, "config.json"), "w"))
-PY
+tiny_folder "$src" as_user
 tfs=("$work/tensorfs" --store "$home/store")
 as_user "${tfs[@]}" import "$src" --name local/tiny >/dev/null
 out="$(as_user "${tfs[@]}" mount "$mnt" 2>&1)" || die "mounting as $user failed: $out"

@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use serde_json::json;
 
 use super::Cli;
+use crate::fuse::session;
 use crate::store::{Capacity, Store, STORE_FORMAT};
 
 /// Arguments of `doctor`.
@@ -83,7 +84,7 @@ fn not_ok(
 /// # Errors
 /// Never: what cannot be checked is a finding.
 pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let root = is_root();
+    let root = session::is_root();
     let kernel = kernel_release();
     let mut findings = vec![
         dev_fuse(root),
@@ -130,18 +131,14 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether this process may open `path` for reading and writing (`access(2)`, real ids).
-fn may_read_write(path: &Path) -> bool {
+/// Whether this process may use `path` as `mode` asks (`R_OK`, `W_OK`, `X_OK` bits;
+/// `access(2)`, by the real ids); a path holding a NUL may not.
+fn may(path: &Path, mode: libc::c_int) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };
     // SAFETY: a NUL-terminated path; access only reads it.
-    unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) == 0 }
+    unsafe { libc::access(c.as_ptr(), mode) == 0 }
 }
 
 fn dev_fuse(root: bool) -> Finding {
@@ -159,7 +156,7 @@ fn dev_fuse(root: bool) -> Finding {
             ),
         };
     let mode = meta.permissions().mode() & 0o777;
-    match root || may_read_write(Path::new("/dev/fuse")) {
+    match root || may(Path::new("/dev/fuse"), libc::R_OK | libc::W_OK) {
         true => ok(CHECK, format!("usable (mode {mode:04o})")),
         false => not_ok(
             CHECK,
@@ -173,12 +170,7 @@ fn dev_fuse(root: bool) -> Finding {
 fn fusermount(root: bool) -> Finding {
     use std::os::unix::fs::PermissionsExt;
     const CHECK: &str = "fusermount3";
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("fusermount3"))
-            .find(|p| p.is_file())
-    });
-    let Some(path) = found else {
+    let Some(path) = session::find_in_path("fusermount3") else {
         return match root {
             true => not_ok(
                 CHECK,
@@ -215,7 +207,7 @@ fn allow_other(root: bool) -> Finding {
     if root {
         return ok(CHECK, "root's mounts let every user read them");
     }
-    match crate::fuse::session::check_allow_other() {
+    match session::check_allow_other() {
         Ok(()) => ok(
             CHECK,
             "/etc/fuse.conf has user_allow_other: --allow-other works",
@@ -300,7 +292,7 @@ fn passthrough(kernel: Option<(u32, u32)>) -> Finding {
             "a kernel of 6.9 or later",
         );
     }
-    match crate::fuse::session::may_pass_through() {
+    match session::may_pass_through() {
         true => ok(
             CHECK,
             "this process may pass files through (views on by default)",
@@ -356,7 +348,7 @@ fn memlock() -> Finding {
     // Each reading thread's ring registers 4 bounce buffers of 1 MiB (io::backend), and a
     // mount reads on up to 8 worker threads.
     const NEED: u64 = 8 * (4 << 20);
-    if is_root() {
+    if session::is_root() {
         return ok(CHECK, "not binding: root may lock memory (CAP_IPC_LOCK)");
     }
     // SAFETY: getrlimit fills the zeroed struct we own.
@@ -440,16 +432,7 @@ fn store(cli: &Cli) -> Vec<Finding> {
     };
     // Where the store is, or the folder it would be made in: this user must write it.
     let existing = root.ancestors().find(|d| d.exists()).unwrap_or(&root);
-    let Ok(c) = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()) else {
-        return vec![not_ok(
-            CHECK,
-            Status::Fail,
-            "a NUL in the path",
-            "pass --store DIR",
-        )];
-    };
-    // SAFETY: a NUL-terminated path; access only reads it.
-    if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK | libc::X_OK) } != 0 {
+    if !may(existing, libc::R_OK | libc::W_OK | libc::X_OK) {
         return vec![not_ok(
             CHECK,
             Status::Fail,
@@ -552,7 +535,7 @@ fn views_filesystem(views: &Path) -> Finding {
 fn stale_mounts() -> Finding {
     const CHECK: &str = "stale mounts";
     // Asked as `tensorfs status` asks, within its time: a hung daemon does not hang this.
-    let stale: Vec<String> = crate::fuse::session::mounts()
+    let stale: Vec<String> = session::mounts()
         .into_iter()
         .filter(|m| {
             super::status::query(m)["problem"]
@@ -595,7 +578,7 @@ fn trial_mount() -> Finding {
 
 /// The FUSE protocol version a trial mount under `dir` reported.
 fn try_mount(dir: &Path) -> Result<String, String> {
-    use crate::fuse::session::{self, MountConfig};
+    use session::MountConfig;
     let (store, mountpoint) = (dir.join("store"), dir.join("mnt"));
     std::fs::create_dir_all(&mountpoint).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     Store::open(&store).map_err(|e| e.to_string())?;

@@ -168,12 +168,36 @@ fn flags(option: &str) -> Result<Vec<OsString>, String> {
         // fstab's comments and systemd's and desktops' own options (x-systemd.automount).
         (name, _) if name.starts_with("x-") || name == "comment" => Ok(Vec::new()),
         _ => Err(format!(
-            "the mount option {option:?} is not one of tensorfs's ({}, allow_other) nor one it \
-             ignores ({}, x-*, comment=)",
-            VALUED.map(|(n, _)| format!("{n}=")).join(", "),
-            IGNORED.join(", ")
+            "the mount option {option:?} is not one of tensorfs's ({}) nor one it ignores ({})",
+            taken(),
+            ignored()
         )),
     }
+}
+
+/// The options that set a flag, as written in fstab: `endpoint=, …, allow_other`.
+fn taken() -> String {
+    let valued = VALUED.map(|(name, _)| format!("{name}="));
+    format!("{}, allow_other", valued.join(", "))
+}
+
+/// The options accepted and ignored, as written in fstab.
+fn ignored() -> String {
+    format!("{}, x-*, comment=", IGNORED.join(", "))
+}
+
+/// What `mount --help` and tensorfs-mount(1) say of this command line, from the same tables
+/// the translation reads.
+pub fn help() -> String {
+    format!(
+        "From fstab and mount(8): a line `STORE MOUNTPOINT fuse.tensorfs defaults,_netdev 0 0`, \
+         or `mount -t fuse.tensorfs STORE MOUNTPOINT -o OPTIONS`, runs `tensorfs STORE \
+         MOUNTPOINT -o OPTIONS`, which is this verb in the background with --store STORE. The \
+         options {} set this verb's flags of those names; {} change nothing; any other is \
+         refused by name.",
+        taken(),
+        ignored()
+    )
 }
 
 #[cfg(test)]

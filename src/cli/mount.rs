@@ -275,8 +275,7 @@ fn default_log() -> anyhow::Result<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local").join("state")))
         // Root's mounts from fstab run with no HOME: the system's log folder.
-        // SAFETY: geteuid cannot fail and touches no memory.
-        .or_else(|| (unsafe { libc::geteuid() } == 0).then(|| PathBuf::from("/var/log")))
+        .or_else(|| session::is_root().then(|| PathBuf::from("/var/log")))
         .context("no HOME or XDG_STATE_HOME for the daemon's log; pass --log-file")?;
     Ok(state.join("tensorfs").join("mount.log"))
 }

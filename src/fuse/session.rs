@@ -90,7 +90,7 @@ impl MountConfig {
             foreground: false,
             threads,
             allow_other: root,
-            auto_unmount: root && in_path("fusermount3"),
+            auto_unmount: root && find_in_path("fusermount3").is_some(),
             read_ahead_kb: 16 << 10,
             fs: FsConfig::default(),
             remote: None,
@@ -823,21 +823,26 @@ fn allows_other(conf: &str) -> bool {
         .any(|l| l.split('#').next().unwrap_or("").trim() == "user_allow_other")
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() == 0 }
 }
 
-fn in_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+/// Where `program` is on `PATH` (the first folder holding a file of that name), if anywhere.
+pub fn find_in_path(program: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn fuse_conf_allows_other_users_only_by_its_uncommented_line() {
-        use super::allows_other;
         assert!(allows_other("# comment\nuser_allow_other\n"));
         assert!(allows_other(
             "mount_max = 1000\n  user_allow_other  # for tensorfs\n"
@@ -846,8 +851,6 @@ mod tests {
         assert!(!allows_other("# user_allow_other\nmount_max = 1000\n"));
         assert!(!allows_other(""));
     }
-
-    use super::*;
 
     #[test]
     fn cap_sys_admin_is_read_from_the_effective_set() {
