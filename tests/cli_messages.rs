@@ -289,3 +289,26 @@ fn an_empty_endpoint_variable_is_named_or_ignored() {
     );
     assert!(!said.contains("URL"), "{said}");
 }
+
+/// Standard output that cannot be written (a full disk: /dev/full) is a one-line error and exit
+/// status 1, whichever way the verb writes: `println!` (doctor) or a generator that panics on
+/// a failed write (completions).
+#[test]
+fn an_unwritable_standard_output_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&["completions", "bash"][..], &["doctor", "--json"]] {
+        let out = tensorfs()
+            .arg("--store")
+            .arg(dir.path().join("store"))
+            .args(args)
+            .stdout(fs::File::options().write(true).open("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {said}");
+        assert!(
+            said.contains("writing to standard output") && !said.contains("panicked"),
+            "{args:?}: {said}"
+        );
+    }
+}

@@ -491,6 +491,21 @@ fn a_stale_mountpoint_is_detected_and_cleared() {
         stale["fix"].as_str().unwrap().contains("unmount --lazy"),
         "{stale}"
     );
+    // Its trial mount reads the FUSE protocol from the mount's status.
+    let trial = said
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "trial mount")
+        .unwrap();
+    assert_eq!(trial["status"], "ok", "{trial}");
+    assert!(
+        trial["finding"]
+            .as_str()
+            .unwrap()
+            .contains("FUSE protocol 7."),
+        "{trial}"
+    );
     session::unmount(&root, true).unwrap();
     wait_for(
         || session::check_mountpoint(&root).is_ok(),
