@@ -27,8 +27,6 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
-use serde_json::{json, Value};
-
 use super::{Encoding, Extent, FileTensor, LocateError, Located, Part};
 use crate::format::{Dtype, ObjectRef, Sha256};
 
@@ -419,62 +417,100 @@ pub fn describe(
     store_root: &str,
     stamp: &dyn Fn(&ObjectRef) -> Option<[i128; 5]>,
 ) -> Vec<u8> {
-    let mut blobs: Vec<Value> = Vec::new();
+    use std::fmt::Write as _;
+    // Written as text, not built as a `Value` tree: a model has thousands of tensors, and the
+    // answer is made on the open that asks for it. Keys are in sorted order, as before.
+    let string = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "null".into());
+    fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+        let mut out = String::from("[");
+        for (i, d) in items.into_iter().enumerate() {
+            let _ = write!(out, "{}{d}", if i == 0 { "" } else { "," });
+        }
+        out.push(']');
+        out
+    }
+    let mut blobs: Vec<String> = Vec::new();
     let mut index_of: std::collections::HashMap<Sha256, usize> = Default::default();
-    let mut out = Vec::with_capacity(tensors.len());
-    for tensor in tensors {
+    let mut out = String::with_capacity(256 * tensors.len() + 256);
+    for (n, tensor) in tensors.iter().enumerate() {
+        out.push_str(if n == 0 { "" } else { "," });
         match tensor {
             FileTensor::Decoded {
                 key,
                 scheme,
                 file_range,
-            } => out.push(json!({
-                "key": key, "decoded": true, "scheme": scheme,
-                "begin": file_range.start, "end": file_range.end,
-            })),
+            } => {
+                let _ = write!(
+                    out,
+                    r#"{{"begin":{},"decoded":true,"end":{},"key":{},"scheme":{}}}"#,
+                    file_range.start,
+                    file_range.end,
+                    string(key),
+                    string(scheme)
+                );
+            }
             FileTensor::Stored(located) => {
-                let parts: Vec<Value> = located
-                    .parts
-                    .iter()
-                    .enumerate()
-                    .map(|(i, part)| {
-                        let extents: Vec<Value> = located
-                            .part_extents(i)
-                            .iter()
-                            .map(|e| {
-                                let at = *index_of.entry(e.blob.sha256).or_insert_with(|| {
-                                    let stamp = stamp(&e.blob)
-                                        .map(|s| json!(s.map(|v| v as i64)))
-                                        .unwrap_or(Value::Null);
-                                    blobs.push(json!([e.blob.sha256.hex(), e.blob.length, stamp]));
-                                    blobs.len() - 1
-                                });
-                                json!([at, e.offset, e.length, e.file_offset])
-                            })
-                            .collect();
-                        json!({
-                            "role": part.role, "dtype": part.dtype.name(), "shape": part.shape,
-                            "begin": part.file_range.start, "end": part.file_range.end,
-                            "extents": extents,
-                        })
-                    })
-                    .collect();
-                let encoding = match &located.encoding {
-                    None => Value::Null,
-                    Some(e) => json!({
-                        "scheme": e.scheme,
-                        "params": serde_json::from_str::<Value>(&e.params).unwrap_or(Value::Null),
-                    }),
-                };
-                out.push(json!({
-                    "key": located.key, "dtype": located.dtype.name(), "shape": located.shape,
-                    "encoding": encoding, "parts": parts,
-                }));
+                let _ = write!(out, r#"{{"dtype":"{}","encoding":"#, located.dtype.name());
+                match &located.encoding {
+                    None => out.push_str("null"),
+                    Some(e) => {
+                        // Canonical JSON text already; anything else is shown as null.
+                        let params = serde_json::from_str::<serde::de::IgnoredAny>(&e.params)
+                            .map_or("null", |_| e.params.as_str());
+                        let _ = write!(
+                            out,
+                            r#"{{"params":{params},"scheme":{}}}"#,
+                            string(&e.scheme)
+                        );
+                    }
+                }
+                let _ = write!(out, r#","key":{},"parts":["#, string(&located.key));
+                for (i, part) in located.parts.iter().enumerate() {
+                    let _ = write!(
+                        out,
+                        r#"{}{{"begin":{},"dtype":"{}","end":{},"extents":["#,
+                        if i == 0 { "" } else { "," },
+                        part.file_range.start,
+                        part.dtype.name(),
+                        part.file_range.end
+                    );
+                    for (j, e) in located.part_extents(i).iter().enumerate() {
+                        let at = *index_of.entry(e.blob.sha256).or_insert_with(|| {
+                            let stamp =
+                                stamp(&e.blob).map_or("null".into(), |s| list(s.map(|v| v as i64)));
+                            blobs.push(format!(
+                                r#"["{}",{},{stamp}]"#,
+                                e.blob.sha256.hex(),
+                                e.blob.length
+                            ));
+                            blobs.len() - 1
+                        });
+                        let _ = write!(
+                            out,
+                            "{}[{at},{},{},{}]",
+                            if j == 0 { "" } else { "," },
+                            e.offset,
+                            e.length,
+                            e.file_offset
+                        );
+                    }
+                    let _ = write!(
+                        out,
+                        r#"],"role":{},"shape":{}}}"#,
+                        string(&part.role),
+                        list(&part.shape)
+                    );
+                }
+                let _ = write!(out, r#"],"shape":{}}}"#, list(&located.shape));
             }
         }
     }
-    let doc = json!({"abi": FILE_ABI_VERSION, "store": store_root, "blobs": blobs, "tensors": out});
-    doc.to_string().into_bytes()
+    format!(
+        r#"{{"abi":{FILE_ABI_VERSION},"blobs":[{}],"store":{},"tensors":[{out}]}}"#,
+        blobs.join(","),
+        string(store_root)
+    )
+    .into_bytes()
 }
 
 /// Why [`query`] failed; messages name the file and tensor.
@@ -908,6 +944,67 @@ mod tests {
             .answer(&l, "/s")
             .unwrap();
         assert_eq!((get_u64(&e, E_TOTAL), get_u32(&e, E_COUNT)), (3, 0));
+    }
+
+    #[test]
+    fn the_whole_file_answer_is_the_documented_json() {
+        use serde_json::json;
+        let mut plain = located();
+        plain.key = "a \"quoted\" ünïcode\nkey".into();
+        plain.encoding = None;
+        plain.parts.truncate(1);
+        plain.parts[0].extents = 0..1;
+        plain.extents.truncate(1);
+        let mut encoded = located();
+        encoded.extents.remove(1); // extents are never empty
+        encoded.parts[0].extents = 0..1;
+        encoded.parts[1].extents = 1..2;
+        encoded.encoding.as_mut().unwrap().params = r#"{"block":32,"scale":"F32"}"#.into();
+        let tensors = [
+            FileTensor::Stored(plain),
+            FileTensor::Decoded {
+                key: "t.text_projection".into(),
+                scheme: "transposed".into(),
+                file_range: 7..9,
+            },
+            FileTensor::Stored(encoded),
+        ];
+        let stamp = |o: &ObjectRef| (o.sha256.0[0] == 1).then_some([5, 6, 8192, -7, 1 << 62]);
+        let text = describe(&tensors, "/st\"ore", &stamp);
+        let got: serde_json::Value = serde_json::from_slice(&text).expect("valid JSON");
+        let extents = json!([[0, 4096, 4096, 100]]);
+        let expected = json!({
+            "abi": 2,
+            "store": "/st\"ore",
+            "blobs": [
+                ["01".repeat(32), 8192, [5, 6, 8192, -7, 1i64 << 62]],
+                ["02".repeat(32), 8192, null],
+            ],
+            "tensors": [
+                {"key": "a \"quoted\" ünïcode\nkey", "dtype": "BF16", "shape": [4, 1024],
+                 "encoding": null,
+                 "parts": [{"role": "weight", "dtype": "I8", "shape": [4, 1024],
+                            "begin": 100, "end": 4196, "extents": extents}]},
+                {"key": "t.text_projection", "decoded": true, "scheme": "transposed",
+                 "begin": 7, "end": 9},
+                {"key": "x.weight", "dtype": "BF16", "shape": [4, 1024],
+                 "encoding": {"scheme": "int8.rowwise", "params": {"block": 32, "scale": "F32"}},
+                 "parts": [{"role": "weight", "dtype": "I8", "shape": [4, 1024],
+                            "begin": 100, "end": 4196, "extents": extents},
+                           {"role": "scale", "dtype": "F32", "shape": [4],
+                            "begin": 4196, "end": 4212, "extents": [[1, 0, 16, 4196]]}]},
+            ],
+        });
+        assert_eq!(got, expected);
+        // Params that are not JSON are shown as null, never as broken text.
+        let mut bad = located();
+        bad.encoding.as_mut().unwrap().params = "{not json".into();
+        let text = describe(&[FileTensor::Stored(bad)], "/s", &|_| None);
+        let got: serde_json::Value = serde_json::from_slice(&text).expect("valid JSON");
+        assert_eq!(
+            got["tensors"][0]["encoding"]["params"],
+            serde_json::Value::Null
+        );
     }
 
     #[test]

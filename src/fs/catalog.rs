@@ -1,15 +1,17 @@
 //! What the namespace needs from a store, behind a trait so tests use an in-memory catalog.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{CommitError, LaneRef};
-use crate::format::{ObjectRef, Repo};
+use crate::format::{ObjectRef, Repo, Sha256};
 use crate::layout::LaneView;
 use crate::store::hub::HubRecord;
 use crate::store::retention::Hold;
@@ -115,12 +117,37 @@ pub trait Catalog: Send + Sync {
 #[derive(Clone, Debug)]
 pub struct StoreCatalog {
     store: Store,
+    /// Each commit's closure, read once: a commit never changes, and every first open of one
+    /// of its files holds the closure ([`Catalog::retain`]), which would otherwise read, hash
+    /// and decode the commit's header again.
+    closures: Arc<Mutex<HashMap<Sha256, Arc<[ObjectRef]>>>>,
 }
+
+/// At most this many closures are kept; past it the cache starts again.
+const CLOSURES_KEPT: usize = 256;
 
 impl StoreCatalog {
     /// The catalog of `store`.
     pub fn new(store: Store) -> StoreCatalog {
-        StoreCatalog { store }
+        StoreCatalog {
+            store,
+            closures: Default::default(),
+        }
+    }
+
+    /// `commit`'s closure: the commit, its tree's files and its header's objects.
+    fn closure(&self, commit: &ObjectRef) -> Result<Arc<[ObjectRef]>, CommitError> {
+        let lock = || self.closures.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(closure) = lock().get(&commit.sha256) {
+            return Ok(closure.clone());
+        }
+        let closure: Arc<[ObjectRef]> = self.store.commit(commit)?.closure().into();
+        let mut closures = lock();
+        if closures.len() >= CLOSURES_KEPT {
+            closures.clear();
+        }
+        closures.insert(commit.sha256, closure.clone());
+        Ok(closure)
     }
 
     /// When `object`'s blob was made: its birth time where the filesystem keeps one (`statx`),
@@ -195,9 +222,9 @@ impl Catalog for StoreCatalog {
     }
 
     fn retain(&self, commit: &ObjectRef) -> Result<Option<Hold>, CommitError> {
-        let closure = self.store.commit(commit)?.closure();
-        self.store.record_use(&commit.sha256, &closure)?;
-        Ok(Some(self.store.hold(&closure)?))
+        let closure = self.closure(commit)?;
+        self.store.record_use(&commit.sha256, closure.iter())?;
+        Ok(Some(self.store.hold(closure.iter())?))
     }
 
     fn capacity(&self) -> Option<Capacity> {

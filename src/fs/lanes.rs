@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 use lru::LruCache;
 
 use super::{LaneContents, LaneRef};
+use crate::extents::{FileTensors, LocateError};
+use crate::format::ObjectRef;
 use crate::layout::LaneFile;
 use crate::sync::lock;
 
@@ -102,6 +104,42 @@ pub struct Lane {
     /// Its files, header and mtime.
     pub contents: LaneContents,
     folders: Folders,
+    /// Its safetensors files' tensors, indexed on their first extents query.
+    indexes: Mutex<HashMap<String, Arc<FileIndex>>>,
+}
+
+/// A safetensors file of a lane indexed for the extents queries, kept with its lane: every
+/// open of the file asks the same, and a model's file has thousands of tensors.
+#[derive(Debug)]
+pub struct FileIndex {
+    /// The file's tensors, or why it cannot be located.
+    pub tensors: Result<Arc<FileTensors>, LocateError>,
+    /// The last whole-file answer made for it.
+    described: Mutex<Option<Arc<Description>>>,
+}
+
+/// A whole-file answer (ABI 2, [`crate::extents::ioctl::describe`]) and what it was made of.
+#[derive(Debug)]
+pub struct Description {
+    /// The answer's JSON text.
+    pub text: Vec<u8>,
+    /// The blobs its extents name, each once.
+    pub blobs: Vec<ObjectRef>,
+    /// Each blob's proven stamp as the answer gives it: an answer is reused only while the
+    /// blobs' stamps are still these.
+    pub stamps: Vec<Option<[i128; 5]>>,
+}
+
+impl FileIndex {
+    /// The last answer made, if any.
+    pub fn description(&self) -> Option<Arc<Description>> {
+        lock(&self.described).clone()
+    }
+
+    /// Keeps `description` as the answer to give next.
+    pub fn set_description(&self, description: Arc<Description>) {
+        *lock(&self.described) = Some(description);
+    }
 }
 
 impl Lane {
@@ -112,7 +150,25 @@ impl Lane {
             lane,
             contents,
             folders,
+            indexes: Mutex::default(),
         }
+    }
+
+    /// The index of file `path` (a safetensors file of the view, or an error saying what it
+    /// is), made on first use.
+    pub fn index(&self, path: &str) -> Arc<FileIndex> {
+        if let Some(index) = lock(&self.indexes).get(path) {
+            return index.clone();
+        }
+        // Made without the lock: a large header takes milliseconds to index.
+        let index = Arc::new(FileIndex {
+            tensors: FileTensors::new(&self.contents.view, path).map(Arc::new),
+            described: Mutex::default(),
+        });
+        lock(&self.indexes)
+            .entry(path.to_owned())
+            .or_insert(index)
+            .clone()
     }
 
     /// The children of folder `path`, sorted by name; `None` when it is not a folder.

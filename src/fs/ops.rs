@@ -15,7 +15,7 @@ use super::catalog::{Catalog, CommitLane, StoreCatalog};
 use super::comfyui::COMFYUI_VIEW;
 use super::hub::HUB_VIEW;
 use super::inodes::{Inode, InodeTable, Node};
-use super::lanes::{self, ChildKind, Lane, LaneCache};
+use super::lanes::{self, ChildKind, Description, FileIndex, Lane, LaneCache};
 use super::namespace::Snapshot;
 use super::{
     Attr, DirEntry, Entry, FsConfig, FsError, FsResult, FsStats, Kind, LaneRef, Opened, XattrReply,
@@ -52,12 +52,12 @@ struct OpenFile {
     /// Where the handle's last read ended ([`NO_READ`] before the first): a read starting
     /// near it goes through the file in order, and its next chunks are prefetched.
     read_end: AtomicU64,
-    /// The file's tensors indexed on the first extents query (files never change).
-    tensors: OnceLock<Result<Arc<FileTensors>, LocateError>>,
+    /// The file's tensors, its lane's index of them taken on the first extents query.
+    index: OnceLock<Arc<FileIndex>>,
     /// The file's whole-file answer (ABI 2), made on its first query, and what keeps the blobs
     /// it names present while the handle is open: the reader reads them itself. A failed
     /// query (a lazy mount's fetch) is not kept; the next tries again.
-    described: OnceLock<(Vec<u8>, Kept)>,
+    described: OnceLock<(Arc<Description>, Kept)>,
 }
 
 #[derive(Debug, Clone)]
@@ -379,7 +379,7 @@ impl TensorFs {
             path: path.clone(),
             content: file.content.clone(),
             read_end: AtomicU64::new(NO_READ),
-            tensors: OnceLock::new(),
+            index: OnceLock::new(),
             described: OnceLock::new(),
         };
         let backing = self.backing(&open.content);
@@ -597,27 +597,28 @@ impl TensorFs {
             let file = format!("handle {fh}");
             return Err(IoctlError::from(LocateError::NotSafetensors { file }).into());
         };
-        let tensors = match file.tensors.get() {
-            Some(tensors) => tensors,
+        let index = match file.index.get() {
+            Some(index) => index,
             None => {
                 let lane = self.lane(&file.lane)?;
-                let view = &lane.contents.view;
-                file.tensors
-                    .get_or_init(|| FileTensors::new(view, &file.path).map(Arc::new))
+                file.index.get_or_init(|| lane.index(&file.path))
             }
         };
-        let tensors = tensors.as_ref().map_err(|e| IoctlError::from(e.clone()))?;
+        let tensors = index
+            .tensors
+            .as_ref()
+            .map_err(|e| IoctlError::from(e.clone()))?;
         let root = self
             .catalog
             .store_root()
             .unwrap_or(std::path::Path::new(""));
         if command == Command::File {
             if let Some((description, _)) = file.described.get() {
-                return Ok(query.answer_file(description));
+                return Ok(query.answer_file(&description.text));
             }
-            let described = self.describe(&file, tensors, root)?;
+            let described = self.describe(&file, index, tensors, root)?;
             let description = &file.described.get_or_init(|| described).0;
-            return Ok(query.answer_file(description));
+            return Ok(query.answer_file(&description.text));
         }
         let located = tensors
             .locate(root, &query.name)
@@ -629,34 +630,61 @@ impl TensorFs {
     }
 
     /// The whole-file answer of open `file` (ABI 2), once every blob it names is present and
-    /// kept so while the handle is open.
+    /// kept so while the handle is open: the one its lane's `index` keeps while the blobs'
+    /// proven stamps are unchanged, else a new one (kept for the next open).
     fn describe(
         &self,
         file: &OpenFile,
+        index: &FileIndex,
         tensors: &FileTensors,
         root: &std::path::Path,
-    ) -> FsResult<(Vec<u8>, Kept)> {
+    ) -> FsResult<(Arc<Description>, Kept)> {
+        let keep = |blobs: &[ObjectRef]| {
+            self.objects.keep(blobs).map_err(|source| FsError::Read {
+                commit: file.lane.commit.id(),
+                path: file.path.clone(),
+                source,
+            })
+        };
+        let stamp = |object: &ObjectRef| self.objects.proven_stamp(object).map(|s| s.fields());
+        if let Some(last) = index.description() {
+            let kept = keep(&last.blobs)?;
+            if last.blobs.iter().map(stamp).eq(last.stamps.iter().copied()) {
+                return Ok((last, kept));
+            }
+        }
         let all = tensors.locate_all(root).map_err(IoctlError::from)?;
         let mut blobs: Vec<ObjectRef> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for tensor in &all {
             if let FileTensor::Stored(located) = tensor {
                 for extent in &located.extents {
-                    if !blobs.contains(&extent.blob) {
+                    if seen.insert(extent.blob.sha256) {
                         blobs.push(extent.blob);
                     }
                 }
             }
         }
-        let kept = self.objects.keep(&blobs).map_err(|source| FsError::Read {
-            commit: file.lane.commit.id(),
-            path: file.path.clone(),
-            source,
-        })?;
+        let kept = keep(&blobs)?;
         let root = root.to_str().ok_or_else(|| {
             IoctlError::Overflow(format!("the store root {} is not UTF-8", root.display()))
         })?;
-        let stamp = |object: &ObjectRef| self.objects.proven_stamp(object).map(|s| s.fields());
-        Ok((describe(&all, root, &stamp), kept))
+        let stamps: Vec<_> = blobs.iter().map(stamp).collect();
+        let by_blob: HashMap<Sha256, Option<[i128; 5]>> = blobs
+            .iter()
+            .map(|b| b.sha256)
+            .zip(stamps.iter().copied())
+            .collect();
+        let text = describe(&all, root, &|object: &ObjectRef| {
+            by_blob.get(&object.sha256).copied().flatten()
+        });
+        let description = Arc::new(Description {
+            text,
+            blobs,
+            stamps,
+        });
+        index.set_description(description.clone());
+        Ok((description, kept))
     }
 
     /// Checks access `mask` (`R_OK`, `W_OK`, `X_OK` bits) to `ino`.

@@ -20,6 +20,8 @@ struct MockObjects {
     bytes: Mutex<HashMap<Sha256, Vec<u8>>>,
     damaged: Mutex<HashSet<Sha256>>,
     prefetched: Mutex<Vec<Vec<ObjectRef>>>,
+    /// The blobs known proven, with their stamps.
+    proven: Mutex<HashMap<Sha256, crate::store::verified::Stamp>>,
 }
 
 impl MockObjects {
@@ -50,6 +52,10 @@ impl ObjectSource for MockObjects {
     fn prefetch(&self, objects: &[ObjectRef]) {
         self.prefetched.lock().unwrap().push(objects.to_vec());
     }
+
+    fn proven_stamp(&self, object: &ObjectRef) -> Option<crate::store::verified::Stamp> {
+        self.proven.lock().unwrap().get(&object.sha256).copied()
+    }
 }
 
 struct MockCommit {
@@ -57,6 +63,8 @@ struct MockCommit {
     /// `None`: the commit's header is damaged.
     files: Option<Vec<(String, Content)>>,
     header: ObjectRef,
+    /// A view built from a real header (extents queries need one), shown as it is.
+    view: Option<LaneView>,
 }
 
 /// Repos and commits in memory.
@@ -96,8 +104,21 @@ impl MockCatalog {
             lane: lane.map(str::to_owned),
             files: files.map(|f| f.into_iter().map(|(p, c)| (p.to_owned(), c)).collect()),
             header: ObjectRef::of(format!("header {seed}").as_bytes()),
+            view: None,
         };
         self.commits.lock().unwrap().insert(id.sha256, commit);
+        id
+    }
+
+    /// A commit of lane `lane` showing `view`.
+    fn commit_view(&self, seed: &str, lane: &str, view: LaneView) -> ObjectRef {
+        let id = self.commit(seed, Some(lane), Some(vec![]));
+        self.commits
+            .lock()
+            .unwrap()
+            .get_mut(&id.sha256)
+            .unwrap()
+            .view = Some(view);
         id
     }
 }
@@ -146,6 +167,12 @@ impl Catalog for MockCatalog {
         self.lane_builds.fetch_add(1, Ordering::Relaxed);
         let commits = self.commits.lock().unwrap();
         let c = commits.get(&commit.sha256).ok_or_else(|| absent(commit))?;
+        if let Some(view) = &c.view {
+            return Ok(LaneContents {
+                view: view.clone(),
+                mtime: t(2000),
+            });
+        }
         let files = c.files.as_ref().ok_or_else(|| absent(&c.header))?;
         let mut files: Vec<LaneFile> = files
             .iter()
@@ -688,6 +715,26 @@ fn an_evicted_lane_is_built_again_and_its_inodes_stay_valid() {
 
 /// A weights file of `n` tensors of `len` bytes, each in its own chunk, with its chunks.
 fn chunked_weights(f: &Fixture, n: usize, len: usize) -> (Content, Vec<ObjectRef>) {
+    let (view, chunks) = chunked_view(f, n, len);
+    let content = view.file("model.safetensors").unwrap().content.clone();
+    (content, chunks)
+}
+
+/// The inode of `model.safetensors` of `commit`, a lane `u8` released as `acme/chunked` 1.0.
+fn chunked_file(f: &Fixture, commit: ObjectRef) -> u64 {
+    f.catalog.set_repos(vec![Repo {
+        name: "acme/chunked".into(),
+        releases: vec![release("1.0", &[("u8", commit)])],
+        commits: vec![],
+    }]);
+    walk(&f.fs, "acme/chunked/1.0/u8/model.safetensors")
+        .unwrap()
+        .attr
+        .ino
+}
+
+/// The view of a lane of [`chunked_weights`]' file, and its chunks.
+fn chunked_view(f: &Fixture, n: usize, len: usize) -> (LaneView, Vec<ObjectRef>) {
     use crate::format::{Body, ClassRef, Component, Dtype, Location, Tensor, Tree};
     let chunks: Vec<ObjectRef> = (0..n).map(|i| f.objects.put(&vec![i as u8; len])).collect();
     const NAMES: [&str; 8] = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"];
@@ -720,8 +767,7 @@ fn chunked_weights(f: &Fixture, n: usize, len: usize) -> (Content, Vec<ObjectRef
         files: BTreeMap::from([("model.cozytensors".to_owned(), ObjectRef::of(b"header"))]),
     };
     let view = LaneView::build(&ObjectRef::of(b"chunked"), &tree, &header).unwrap();
-    let content = view.file("model.safetensors").unwrap().content.clone();
-    (content, chunks)
+    (view, chunks)
 }
 
 #[test]
@@ -736,15 +782,7 @@ fn reads_in_order_prefetch_the_next_chunks_and_jumps_do_not() {
         Some("u8"),
         Some(vec![("model.safetensors", content.clone())]),
     );
-    f.catalog.set_repos(vec![Repo {
-        name: "acme/chunked".into(),
-        releases: vec![release("1.0", &[("u8", commit)])],
-        commits: vec![],
-    }]);
-    let ino = walk(&f.fs, "acme/chunked/1.0/u8/model.safetensors")
-        .unwrap()
-        .attr
-        .ino;
+    let ino = chunked_file(&f, commit);
     let prefix = content.size() - 4 * chunk as u64;
     let last = prefix + 3 * chunk as u64;
     let fh = f.fs.open(ino, false).unwrap().fh;
@@ -771,6 +809,49 @@ fn reads_in_order_prefetch_the_next_chunks_and_jumps_do_not() {
     // Files without chunks (configs, assets) hint nothing.
     f.fs.release(fh);
     f.fs.release(other);
+}
+
+#[test]
+fn the_whole_file_answer_is_made_once_per_file_and_again_when_a_blob_is_proven() {
+    use crate::extents::ioctl::{FILE, FILE_BYTES, FILE_PAGE_BYTES};
+    // struct tensorfs_file: the answer's length at byte 16, its text after the fields.
+    const TEXT: usize = FILE_BYTES - FILE_PAGE_BYTES;
+    let f = fixture(FsConfig::default());
+    let (view, chunks) = chunked_view(&f, 3, 4096);
+    let commit = f.catalog.commit_view("chunked", "u8", view);
+    let ino = chunked_file(&f, commit);
+    let mut query = vec![0u8; FILE_BYTES];
+    query[..4].copy_from_slice(&2u32.to_le_bytes());
+    let answer = |fh| -> serde_json::Value {
+        let out = f.fs.ioctl(fh, FILE, &query, FILE_BYTES as u32).unwrap();
+        let length = u64::from_le_bytes(out[16..24].try_into().unwrap()) as usize;
+        serde_json::from_slice(&out[TEXT..TEXT + length]).unwrap()
+    };
+    let stamps = |doc: &serde_json::Value| -> Vec<bool> {
+        let blobs = doc["blobs"].as_array().unwrap();
+        blobs.iter().map(|b| !b[2].is_null()).collect()
+    };
+    let first = f.fs.open(ino, false).unwrap().fh;
+    let before = answer(first);
+    assert_eq!(stamps(&before), [false, false, false]);
+    // Another open asks again: the same answer, from the lane's index.
+    let second = f.fs.open(ino, false).unwrap().fh;
+    assert_eq!(answer(second), before);
+    // A blob proven since: a new answer gives its stamp; an open handle keeps its own.
+    let stamp = crate::store::verified::Stamp::of(&std::fs::metadata("/").unwrap());
+    f.objects
+        .proven
+        .lock()
+        .unwrap()
+        .insert(chunks[1].sha256, stamp);
+    let third = f.fs.open(ino, false).unwrap().fh;
+    let after = answer(third);
+    assert_eq!(stamps(&after), [false, true, false]);
+    assert_eq!(after["tensors"], before["tensors"]);
+    assert_eq!(answer(first), before);
+    for fh in [first, second, third] {
+        f.fs.release(fh);
+    }
 }
 
 #[test]
