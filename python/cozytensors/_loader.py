@@ -27,11 +27,10 @@ store this process cannot read (a container that binds only the mount), a framew
 
 from __future__ import annotations
 
+import ctypes
 import errno
-import json
 import mmap
 import os
-import struct
 import threading
 import weakref
 from typing import Any, Dict, List, Optional
@@ -41,16 +40,6 @@ from safetensors import SafetensorError
 
 from . import _native
 
-# The header may not be larger than this (safetensors' own limit).
-_MAX_HEADER = 100_000_000
-
-_ELEMENT_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
-}
-
 
 def _safetensors_open():
     """safetensors' own `safe_open`, also while the import hook (`cozytensors._hook`) routes
@@ -58,67 +47,38 @@ def _safetensors_open():
     return getattr(safetensors.safe_open, "__wrapped__", safetensors.safe_open)
 
 
-def _torch_dtype(name: str):
-    import torch
+_TORCH_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+    "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32",
+    "F32": "float32", "F64": "float64", "I64": "int64", "U64": "uint64",
+    "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
 
-    attr = {
-        "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
-        "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32",
-        "F32": "float32", "F64": "float64", "I64": "int64", "U64": "uint64",
-        "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-        "F8_E8M0": "float8_e8m0fnu",
-    }.get(name)
-    return getattr(torch, attr, None) if attr else None
+_NUMPY_CODES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "<i2", "U16": "<u2",
+    "F16": "<f2", "I32": "<i4", "U32": "<u4", "F32": "<f4", "F64": "<f8",
+    "I64": "<i8", "U64": "<u8",
+}
 
-
-def _numpy_dtype(name: str):
-    import numpy as np
-
-    code = {
-        "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "<i2", "U16": "<u2",
-        "F16": "<f2", "I32": "<i4", "U32": "<u4", "F32": "<f4", "F64": "<f8",
-        "I64": "<i8", "U64": "<u8",
-    }.get(name)
-    return np.dtype(code) if code else None
+# safetensors dtype name -> the framework's dtype (absent: that framework has none, and
+# safetensors reads the tensor), made on first use: importing torch or numpy is not free.
+_DTYPES: Dict[bool, Dict[str, Any]] = {}
 
 
-def _read_header(path: str) -> Optional[tuple]:
-    """The header's tensors (name → entry), metadata and data start; None when malformed
-    (safetensors then says what is wrong).
+def _dtypes(torch: bool) -> Dict[str, Any]:
+    table = _DTYPES.get(torch)
+    if table is None:
+        if torch:
+            import torch as t
 
-    Raises OSError when the file cannot be read: on a mount, a damaged blob under the header's
-    last page fails the read with EIO, and safetensors' own mapping of the file would then die
-    of SIGBUS."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            # No readahead: the tensors' bytes are read from the blobs, not here.
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            head = os.pread(fd, 8, 0)
-            if len(head) != 8:
-                return None
-            (n,) = struct.unpack("<Q", head)
-            if n > _MAX_HEADER:
-                return None
-            text = b""
-            while len(text) < n:
-                piece = os.pread(fd, n - len(text), 8 + len(text))
-                if not piece:
-                    return None
-                text += piece
-        finally:
-            os.close(fd)
-        header = json.loads(text)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise OSError(e.errno, f"{path}: reading its safetensors header: {e.strerror}") from e
-    except ValueError:
-        return None
-    if not isinstance(header, dict):
-        return None
-    metadata = header.pop("__metadata__", None)
-    return header, metadata, 8 + n
+            table = {k: getattr(t, v) for k, v in _TORCH_NAMES.items() if hasattr(t, v)}
+        else:
+            import numpy as np
+
+            table = {k: np.dtype(v) for k, v in _NUMPY_CODES.items()}
+        _DTYPES[torch] = table
+    return table
 
 
 # The device names safetensors 0.8 takes, alone or with `:<index>` (`cpu` only alone).
@@ -170,25 +130,23 @@ class safe_open:
         self._inner = None
         self._fast = False
         self._fd = None
-        # ABI 2: (begin, end) in the file → (extents, stamps) of the part there, and the
-        # ranges of decoded tensors; None with an ABI 1 daemon (a query per tensor).
+        # ABI 2: (begin, end) in the file → the extents of the part there, and the ranges
+        # of decoded tensors; None with an ABI 1 daemon (a query per tensor).
         self._parts = None
-        self._decoded = set()
+        self._decoded = frozenset()
         self._store = None
         # The mmap backend's copy-on-write mapping of each blob, shared by the tensors this
-        # handle builds from it (as safetensors maps its file once): a mapping keeps a
-        # descriptor, and a model has thousands of tensors but few blobs. Held weakly, so a
-        # mapping goes when its last tensor does, before or after the file is closed.
+        # handle builds from it (as safetensors maps its file once): a model has thousands of
+        # tensors but few blobs, and a mapping keeps a descriptor. Held, with its address,
+        # while the file is open; after that, while a tensor or slice holds it.
+        self._held: Dict[str, tuple] = {}
         self._maps: "weakref.WeakValueDictionary[str, mmap.mmap]" = weakref.WeakValueDictionary()
         self._maps_lock = threading.Lock()
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
         if framework in ("pt", "torch", "numpy", "np"):
             self._device = _check_device(device)
-            parsed = _read_header(self._path)
-            if parsed is not None:
-                self._tensors, self._metadata, self._data_start = parsed
-                self._fast = self._on_mount()
+            self._fast = self._open_mounted()
         if not self._fast:
             self._inner = self._open_safetensors()
 
@@ -198,44 +156,56 @@ class safe_open:
             self._path, framework=self._framework, device=self._device, backend=self._backend
         )
 
-    def _on_mount(self) -> bool:
-        """Whether this file is a TensorFS file whose store this process can read."""
-        name = next(iter(self._tensors), None)
-        if name is None:
-            return False
-        # One descriptor for every query: each open of a mounted file is a request to the
-        # daemon (which holds the file's objects while it is open).
-        self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+    def _open_mounted(self) -> bool:
+        """Opens the file when it is a TensorFS file whose store this process can read: its
+        header, and where its tensors lie. False leaves it to safetensors (with its errors).
+
+        Raises OSError when a mounted file's header cannot be read: a damaged blob under it
+        fails the read with EIO, and safetensors' own mapping of the file would then die of
+        SIGBUS."""
         try:
-            text = _native.describe(self._fd, self._path)
-            if text is not None:
-                self._index(json.loads(text))
+            # One descriptor for every query: each open of a mounted file is a request to
+            # the daemon, which keeps the file's blobs while it is open.
+            self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise OSError(e.errno, f"{self._path}: opening it: {e.strerror}") from e
+        fast = False
+        try:
+            fast = _native.is_fuse(self._fd) and self._take_header() and self._locate_all()
+        finally:
+            if not fast:
+                self._close()
+        return fast
+
+    def _take_header(self) -> bool:
+        """Reads the header: False when it is malformed or holds no tensor."""
+        # No readahead: the tensors' bytes are read from the blobs, not here.
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        parsed = _native.header(self._fd, self._path)
+        if parsed is None:
+            return False
+        self._tensors, self._metadata = parsed
+        return bool(self._tensors)
+
+    def _locate_all(self) -> bool:
+        """Asks the daemon where every tensor lies (ABI 2), or, from a daemon that speaks
+        only ABI 1, where one does; False when the file is not ours or the store cannot be
+        read by this process."""
+        try:
+            index = _native.index(self._fd, self._path)
+            if index is not None:
+                self._store, self._parts, self._decoded = index
                 store = self._store
             else:
-                located = _native.locate(self._fd, self._path, name)
-                store = located["store"] if located is not None else False
-        except (OSError, ValueError, KeyError, TypeError):
-            store = False
-        if store is False:
-            self._close()
+                located = _native.locate(self._fd, self._path, next(iter(self._tensors)))
+                if located is None:
+                    return False
+                store = located["store"]
+        except OSError:
             return False
         return store is None or os.access(os.path.join(store, "blobs"), os.R_OK | os.X_OK)
-
-    def _index(self, doc):
-        """Takes the daemon's whole-file answer (docs/extents.md, ABI 2)."""
-        blobs = doc["blobs"]
-        self._store = doc["store"]
-        self._parts = {}
-        for tensor in doc["tensors"]:
-            if tensor.get("decoded"):
-                self._decoded.add((tensor["begin"], tensor["end"]))
-                continue
-            for part in tensor["parts"]:
-                extents = []
-                for blob, offset, length, file_offset in part["extents"]:
-                    sha, blob_length, stamp = blobs[blob]
-                    extents.append((sha, blob_length, offset, length, file_offset, stamp))
-                self._parts[(part["begin"], part["end"])] = extents
 
     def _safetensors(self):
         if self._inner is None:
@@ -243,12 +213,15 @@ class safe_open:
         return self._inner
 
     def _close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._maps_lock:
+            fd, self._fd = self._fd, None
+            self._held = {}
+        if fd is not None:
+            os.close(fd)
 
     def __del__(self):
-        self._close()
+        if hasattr(self, "_maps_lock"):
+            self._close()
 
     def __enter__(self):
         return self
@@ -279,7 +252,7 @@ class safe_open:
         if not self._fast:
             return self._inner.offset_keys()
         self._check_open()
-        return sorted(self._tensors, key=lambda k: (self._tensors[k]["data_offsets"][0], k))
+        return sorted(self._tensors, key=lambda k: (self._tensors[k][2], k))
 
     def metadata(self) -> Optional[Dict[str, str]]:
         if not self._fast:
@@ -319,20 +292,18 @@ class safe_open:
     def _tensor(self, name: str, entry, device):
         """The tensor `name` (its header entry) on `device`; also after the file is closed,
         for slices taken before."""
-        dtype_name = entry["dtype"]
+        dtype_name, shape, begin, end = entry
         torch = self._framework in ("pt", "torch")
-        dtype = _torch_dtype(dtype_name) if torch else _numpy_dtype(dtype_name)
-        if dtype is None or dtype_name not in _ELEMENT_BYTES:
+        dtype = _dtypes(torch).get(dtype_name)
+        if dtype is None:
             return self._safetensors_tensor(name)
-        shape = list(entry["shape"])
-        begin, end = (self._data_start + o for o in entry["data_offsets"])
         count = end - begin
         if count == 0:
             return self._empty(dtype, shape, device)
         if (begin, end) in self._decoded:
             # Decoded as it is read: no blob holds these bytes.
             return self._safetensors_tensor(name)
-        if torch and device not in ("cpu", None):
+        if torch and device != "cpu":
             placed = self._on_device(name, begin, end, dtype, shape, device)
             if placed is not None:
                 return placed
@@ -342,12 +313,12 @@ class safe_open:
             # A blob this process may not read, in a store whose blobs it may: the daemon
             # reads it for the mount.
             return self._safetensors_tensor(name)
-        items = count // _ELEMENT_BYTES[dtype_name]
+        items = count // dtype.itemsize
         if torch:
             import torch as t
 
             tensor = t.frombuffer(buffer, dtype=dtype, count=items, offset=offset).reshape(shape)
-            if device not in ("cpu", None):
+            if device != "cpu":
                 tensor = tensor.to(device)
             return tensor
         import numpy as np
@@ -412,24 +383,34 @@ class safe_open:
     def _bytes(self, name: str, begin: int, end: int):
         """A writable buffer holding the file's bytes [begin, end) and the offset of the first
         in it."""
-        what = f"{self._path}: tensor {name!r}"
         extents, store = self._extents(name, begin, end)
         if len(extents) == 1 and self._backend == "mmap":
             sha, blob_length, offset, length, _, stamp = extents[0]
-            # Cold, the mapping would be read fault by fault: ask for the range at once.
-            _native.will_need(store, sha, blob_length, offset, length)
             with self._maps_lock:
-                mapping = self._maps.get(sha)
-                if mapping is None:
-                    fd = _native.open_blob(store, sha, blob_length, what, stamp)
-                    try:
-                        mapping = mmap.mmap(fd, blob_length, access=mmap.ACCESS_COPY)
-                    finally:
-                        os.close(fd)
-                    self._maps[sha] = mapping
+                held = self._held.get(sha)
+                if held is None:
+                    mapping = self._maps.get(sha)
+                    if mapping is None:
+                        mapping = self._map(store, sha, blob_length, stamp, name)
+                        self._maps[sha] = mapping
+                    held = mapping, ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+                    if self._fd is not None:
+                        self._held[sha] = held
+            mapping, address = held
+            # Cold, the mapping would be read fault by fault: ask for the range at once.
+            _native.will_need(address + offset, length)
             return mapping, offset
         pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
-        return _native.read(store, pieces, end - begin, what), 0
+        return _native.read(store, pieces, end - begin, f"{self._path}: tensor {name!r}"), 0
+
+    def _map(self, store: str, sha: str, blob_length: int, stamp, name: str) -> mmap.mmap:
+        """A copy-on-write mapping of the blob `sha`, its bytes proven."""
+        what = f"{self._path}: tensor {name!r}"
+        fd = _native.open_blob(store, sha, blob_length, what, stamp)
+        try:
+            return mmap.mmap(fd, blob_length, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
 
     def _locate(self, name: str, begin: int, end: int, what: str):
         """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor."""
@@ -460,16 +441,16 @@ class _Slice:
         self._file, self._name, self._entry = file, name, entry
 
     def get_shape(self) -> List[int]:
-        return list(self._entry["shape"])
+        return list(self._entry[1])
 
     def get_dtype(self) -> str:
-        return self._entry["dtype"]
+        return self._entry[0]
 
     def __getitem__(self, index):
         # Indexed on the CPU mapping, then moved: only the selection travels to the device.
         selected = self._file._tensor(self._name, self._entry, "cpu")[index]
         device = self._file._device
-        if device not in ("cpu", None):
+        if device != "cpu":
             selected = selected.to(device)
         return selected
 

@@ -35,6 +35,7 @@ mod checkpoint;
 #[cfg(feature = "cuda")]
 mod device;
 mod failure;
+mod mounted;
 
 /// One reader per store root for the life of the process: each blob is proven once.
 static READERS: Mutex<Option<HashMap<PathBuf, Arc<BlobReader>>>> = Mutex::new(None);
@@ -228,34 +229,34 @@ fn proven_blob(
         .map_err(|e| io_error(what, &e))
 }
 
-/// Starts reading bytes `offset..offset + length` of the blob `sha256` (`blob_length` bytes)
-/// of the store at `store` into the page cache when they are not there yet, and returns at
-/// once: a hint before a mapping of them is read, so a cold tensor is read in large requests
-/// the disk serves together instead of fault by fault, the read-ahead window starting small in
-/// every blob. Whether they are cached is asked of one byte (a read that may not wait), so a
-/// warm load pays a microsecond, not a walk of the range. Failures are ignored: it is a hint.
+/// Starts reading the `length` bytes at `address`, in a mapping of a blob, into the page
+/// cache when they are not there yet, and returns at once: a hint before the mapping is read,
+/// so a cold tensor is read in large requests the disk serves together instead of fault by
+/// fault, the read-ahead window starting small in every blob. Whether they are cached is asked
+/// of the first byte's page (`mincore`, which for a file's mapping looks in the page cache), so
+/// a warm load pays one system call, not a walk of the range (`MADV_WILLNEED` walks it).
+/// Nothing is read or written at `address`: an address that is not mapped makes both calls
+/// fail, and failures are ignored, since it is a hint. The kernel answers "cached" for a
+/// file the caller could not open for writing and does not own (Linux 5.0+, `mincore(2)`): a
+/// store shared read-only then gets no hint, and its cold loads fault page by page.
 #[pyfunction]
-fn will_need(store: PathBuf, sha256: &str, blob_length: u64, offset: u64, length: u64) {
-    let Ok(object) = object(sha256, blob_length) else {
-        return;
-    };
-    let Ok(file) = File::open(store.join(object.blob_path())) else {
-        return;
-    };
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-    let mut byte = 0u8;
-    let iov = libc::iovec {
-        iov_base: (&mut byte as *mut u8).cast(),
-        iov_len: 1,
-    };
-    let (Ok(at), Ok(len)) = (i64::try_from(offset), i64::try_from(length)) else {
-        return;
-    };
-    // SAFETY: one iovec over `byte`, which outlives the call; `fd` is open.
-    let cached = unsafe { libc::preadv2(fd, &iov, 1, at, libc::RWF_NOWAIT) } == 1;
-    if !cached {
-        // SAFETY: a hint on an open descriptor; no memory is passed.
-        unsafe { libc::posix_fadvise(fd, at, len, libc::POSIX_FADV_WILLNEED) };
+fn will_need(address: usize, length: usize) {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let start = address & !(page - 1);
+    let mut resident = 0u8;
+    // SAFETY: one page is asked about, so the kernel writes one byte, into `resident`; the
+    // range is only looked up, never touched.
+    let asked = unsafe { libc::mincore(start as *mut libc::c_void, page, &mut resident) } == 0;
+    if asked && resident & 1 == 0 {
+        // SAFETY: a hint; MADV_WILLNEED neither reads nor changes the range's contents.
+        unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                length.saturating_add(address - start),
+                libc::MADV_WILLNEED,
+            )
+        };
     }
 }
 
@@ -333,6 +334,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_store, m)?)?;
     m.add_function(wrap_pyfunction!(mounts, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
+    m.add_function(wrap_pyfunction!(mounted::header, m)?)?;
+    m.add_function(wrap_pyfunction!(mounted::index, m)?)?;
+    m.add_function(wrap_pyfunction!(mounted::is_fuse, m)?)?;
     m.add_function(wrap_pyfunction!(locate, m)?)?;
     m.add_function(wrap_pyfunction!(open_blob, m)?)?;
     m.add_function(wrap_pyfunction!(read, m)?)?;

@@ -1,0 +1,201 @@
+//! A mounted `.safetensors` file opened for the loader (`cozytensors/_loader.py`): its header
+//! and the daemon's whole-file answer, each read and parsed here into the few Python objects
+//! the loader looks tensors up in. A model has thousands of tensors: JSON parsed by Python
+//! would make a dict per tensor and part, and set off the garbage collector while it does.
+
+use std::fs::File;
+use std::mem::ManuallyDrop;
+use std::os::fd::FromRawFd;
+use std::os::unix::fs::FileExt;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFrozenSet, PyString, PyTuple};
+use serde::Deserialize;
+use tensorfs::extents::ioctl;
+use tensorfs::format::safetensors::{header_len, parse_header};
+
+use crate::os_error;
+
+/// Whether the file open as descriptor `fd` is on a FUSE filesystem (`statfs`'s type
+/// `FUSE_SUPER_MAGIC`): a file elsewhere is not asked anything more, and is safetensors' own.
+#[pyfunction]
+pub fn is_fuse(fd: i32) -> bool {
+    const FUSE_SUPER_MAGIC: libc::c_long = 0x6573_5546;
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `stat` is written by the call before it is read; a bad `fd` is an error return.
+    unsafe {
+        libc::fstatfs(fd, stat.as_mut_ptr()) == 0 && stat.assume_init().f_type == FUSE_SUPER_MAGIC
+    }
+}
+
+/// The safetensors header of the file open as descriptor `fd` (named `path` in errors): a
+/// dict of tensor name → `(dtype, shape tuple, begin, end)`, where `begin..end` are absolute
+/// byte offsets in the file (`8 + N` plus the entry's `data_offsets`), and the
+/// `__metadata__` dict (`None` when absent). `None` when the header is malformed by
+/// safetensors' rules (`tensorfs::format::safetensors`): safetensors itself then says what is
+/// wrong.
+///
+/// # Errors
+/// `OSError` when the file cannot be read (on a mount, a damaged blob under the header fails
+/// the read with `EIO`), its message naming the file.
+#[pyfunction]
+pub fn header<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    // SAFETY: borrowed for the call; the caller owns and closes `fd`.
+    let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+    let read = py.detach(|| -> std::io::Result<Option<(Vec<u8>, u64)>> {
+        let file_len = file.metadata()?.len();
+        let mut first8 = [0u8; 8];
+        if file_len < 8 {
+            return Ok(None);
+        }
+        file.read_exact_at(&mut first8, 0)?;
+        let Ok(n) = header_len(&first8, file_len) else {
+            return Ok(None);
+        };
+        let mut json = vec![0u8; n as usize];
+        file.read_exact_at(&mut json, 8)?;
+        Ok(Some((json, file_len)))
+    });
+    let (json, file_len) = match read {
+        Ok(Some(read)) => read,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            let why = std::io::Error::from_raw_os_error(errno);
+            return Err(os_error(
+                errno,
+                format!("{path}: reading its safetensors header: {why}"),
+            ));
+        }
+    };
+    let Ok(parsed) = parse_header(&json, file_len) else {
+        return Ok(None);
+    };
+    let start = parsed.data_start();
+    let entries = PyDict::new(py);
+    for t in &parsed.tensors {
+        let shape = PyTuple::new(py, &t.shape)?;
+        let entry = (t.dtype.name(), shape, start + t.begin, start + t.end);
+        entries.set_item(&t.name, entry)?;
+    }
+    let metadata = match &parsed.metadata {
+        None => None,
+        Some(pairs) => {
+            let dict = PyDict::new(py);
+            for (key, value) in pairs {
+                dict.set_item(key, value)?;
+            }
+            Some(dict)
+        }
+    };
+    Ok(Some(PyTuple::new(
+        py,
+        [entries.into_any(), metadata.into_pyobject(py)?.into_any()],
+    )?))
+}
+
+/// The daemon's whole-file answer (`docs/extents.md`, ABI 2), as the loader reads it.
+#[derive(Deserialize)]
+struct Answer {
+    store: String,
+    /// `[sha256 hex, length, stamp or null]`.
+    blobs: Vec<(String, u64, Option<[i64; 5]>)>,
+    tensors: Vec<AnswerTensor>,
+}
+
+#[derive(Deserialize)]
+struct AnswerTensor {
+    #[serde(default)]
+    decoded: bool,
+    begin: Option<u64>,
+    end: Option<u64>,
+    #[serde(default)]
+    parts: Vec<AnswerPart>,
+}
+
+#[derive(Deserialize)]
+struct AnswerPart {
+    begin: u64,
+    end: u64,
+    /// `[blob index, offset in the blob, length, offset in the file]`.
+    extents: Vec<(usize, u64, u64, u64)>,
+}
+
+/// Every tensor of the mounted file open as descriptor `fd` (named `path` in errors) and where
+/// its bytes lie, in one query (the extents ioctl's ABI 2), which also keeps the file's blobs
+/// present while `fd` stays open. Returns `(store, parts, decoded)`: the store's root; a dict
+/// of `(begin, end)` (absolute offsets of a part's bytes in the file: a plain tensor's, or
+/// one part of an encoded one) → a tuple of its extents, each `(blob sha256 hex, blob length,
+/// offset in the blob, length, offset in the file, stamp)`, where the stamp is the daemon's
+/// proof of the blob (a list, or `None`); and the frozenset of `(begin, end)` of the tensors
+/// made when read (no blob holds their bytes). `None` when the file is not a TensorFS file or
+/// its daemon speaks only ABI 1 (`ENOTTY`).
+///
+/// # Errors
+/// `OSError` with the ioctl's errno, naming the file; `EPROTO` for an answer that breaks the
+/// ABI.
+#[pyfunction]
+pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    // SAFETY: borrowed for the call; the caller owns and closes `fd`.
+    let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+    let text = match py.detach(|| ioctl::query_file(&file, path)) {
+        Ok(text) => text,
+        Err(e) => match e.errno() {
+            Some(libc::ENOTTY) => return Ok(None),
+            Some(errno) => return Err(os_error(errno, e.to_string())),
+            None => return Err(os_error(libc::EPROTO, e.to_string())),
+        },
+    };
+    let malformed = |why: String| {
+        os_error(
+            libc::EPROTO,
+            format!("{path}: the daemon's description of the file: {why}"),
+        )
+    };
+    let answer: Answer = serde_json::from_slice(&text).map_err(|e| malformed(e.to_string()))?;
+    // One string and one stamp object per blob, shared by its extents.
+    let blobs = answer
+        .blobs
+        .iter()
+        .map(|(sha, length, stamp)| {
+            Ok((
+                PyString::new(py, sha),
+                *length,
+                stamp.into_pyobject(py)?.into_any(),
+            ))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let parts = PyDict::new(py);
+    let mut decoded = Vec::new();
+    for tensor in &answer.tensors {
+        if tensor.decoded {
+            match (tensor.begin, tensor.end) {
+                (Some(begin), Some(end)) => decoded.push((begin, end)),
+                _ => return Err(malformed("a decoded tensor without begin and end".into())),
+            }
+            continue;
+        }
+        for part in &tensor.parts {
+            let extents = part
+                .extents
+                .iter()
+                .map(|&(blob, offset, length, file_offset)| {
+                    let (sha, blob_length, stamp) = blobs
+                        .get(blob)
+                        .ok_or_else(|| malformed(format!("no blob {blob}")))?;
+                    Ok((sha, blob_length, offset, length, file_offset, stamp))
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            parts.set_item((part.begin, part.end), PyTuple::new(py, extents)?)?;
+        }
+    }
+    let decoded = PyFrozenSet::new(py, decoded)?;
+    Ok(Some(PyTuple::new(
+        py,
+        [
+            answer.store.into_pyobject(py)?.into_any(),
+            parts.into_any(),
+            decoded.into_any(),
+        ],
+    )?))
+}
