@@ -32,7 +32,7 @@ pub struct ManArgs {
 /// Standard output cannot be written (a closed pipe ends the process quietly instead).
 pub fn completions(args: &CompletionArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
-    let mut command = Cli::command();
+    let mut command = without_hidden_verbs(Cli::command());
     // Into memory first: clap_complete panics when its writer fails.
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "tensorfs", &mut script);
@@ -40,6 +40,26 @@ pub fn completions(args: &CompletionArgs) -> anyhow::Result<ExitCode> {
         .write_all(&script)
         .context("writing to standard output")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `command` less its hidden verbs: clap_complete offers every verb, hidden or not, and
+/// `manpages` is for packaging, not for a shell's user.
+fn without_hidden_verbs(command: clap::Command) -> clap::Command {
+    let verbs: Vec<clap::Command> = command
+        .get_subcommands()
+        .filter(|v| !v.is_hide_set())
+        .cloned()
+        .collect();
+    let mut root = clap::Command::new(command.get_name().to_owned())
+        .args(command.get_arguments().cloned())
+        .subcommands(verbs);
+    if let Some(about) = command.get_about() {
+        root = root.about(about.clone());
+    }
+    if let Some(version) = command.get_version() {
+        root = root.version(version.to_owned());
+    }
+    root
 }
 
 /// Writes a man page for `tensorfs` and one for each verb, `tensorfs-VERB.1`, as `man` and
@@ -81,4 +101,24 @@ fn write_page(dir: &Path, name: &str, command: clap::Command) -> anyhow::Result<
         .with_context(|| format!("rendering {name}(1)"))?;
     std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap_complete::Shell;
+
+    #[test]
+    fn completions_offer_every_verb_but_the_hidden_ones() {
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let mut script = Vec::new();
+            let mut command = without_hidden_verbs(Cli::command());
+            clap_complete::generate(shell, &mut command, "tensorfs", &mut script);
+            let script = String::from_utf8(script).unwrap();
+            for shown in ["doctor", "import", "completions", "store", "version"] {
+                assert!(script.contains(shown), "{shell}: no {shown}");
+            }
+            assert!(!script.contains("manpages"), "{shell} offers manpages");
+        }
+    }
 }

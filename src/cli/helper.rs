@@ -113,7 +113,8 @@ fn rewrite(
                 let list = list
                     .to_str()
                     .ok_or_else(|| format!("the mount options {list:?} are not UTF-8"))?;
-                for option in list.split(',').filter(|o| !o.is_empty()) {
+                for option in split_options(list).iter().filter(|o| !o.is_empty()) {
+                    let option = option.as_str();
                     let set = flags(option)?;
                     let name = option.split('=').next().unwrap_or(option);
                     if !set.is_empty() && name != "repo" {
@@ -182,6 +183,25 @@ fn taken() -> String {
 }
 
 /// The options accepted and ignored, as written in fstab.
+/// The options of a comma-separated `-o` list, as libfuse's `fuse_opt` reads one: a
+/// backslash takes the next character as it is, so `log_file=/var/log/a\,b.log` is one
+/// option (a value with a comma), and `\\` a backslash.
+fn split_options(list: &str) -> Vec<String> {
+    let mut options = vec![String::new()];
+    let mut chars = list.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                let next = chars.next().unwrap_or('\\');
+                options.last_mut().expect("one option").push(next);
+            }
+            ',' => options.push(String::new()),
+            c => options.last_mut().expect("one option").push(c),
+        }
+    }
+    options
+}
+
 fn ignored() -> String {
     format!("{}, x-*, comment=", IGNORED.join(", "))
 }
@@ -193,8 +213,8 @@ pub fn help() -> String {
         "From fstab and mount(8): a line `STORE MOUNTPOINT fuse.tensorfs defaults,_netdev 0 0`, \
          or `mount -t fuse.tensorfs STORE MOUNTPOINT -o OPTIONS`, runs `tensorfs STORE \
          MOUNTPOINT -o OPTIONS`, which is this verb in the background with --store STORE. The \
-         options {} set this verb's flags of those names; {} change nothing; any other is \
-         refused by name.",
+         options {} set this verb's flags of those names (a comma inside a value is written \
+         `\\,`, as libfuse reads options); {} change nothing; any other is refused by name.",
         taken(),
         ignored()
     )
@@ -252,6 +272,30 @@ mod tests {
             verb,
         );
         assert_eq!(said, Some(Ok(args(&["m", "--store", "/s", "mount", "/m"]))));
+    }
+
+    #[test]
+    fn a_backslash_escapes_a_comma_in_a_value_as_libfuse_reads_options() {
+        assert_eq!(
+            split_options(r"ro,log_file=/l/a\,b.log,x\\y,end\"),
+            ["ro", "log_file=/l/a,b.log", r"x\y", r"end\"]
+        );
+        let said = translate(
+            &args(&["t", "/s", "/m", "-o", r"ro,log_file=/l/a\,b.log,threads=2"]),
+            verb,
+        );
+        assert_eq!(
+            said,
+            Some(Ok(args(&[
+                "t",
+                "--store",
+                "/s",
+                "mount",
+                "/m",
+                "--log-file=/l/a,b.log",
+                "--threads=2",
+            ])))
+        );
     }
 
     #[test]
