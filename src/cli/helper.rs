@@ -228,6 +228,18 @@ mod tests {
         words.iter().map(OsString::from).collect()
     }
 
+    /// `t /s /m -o OPTIONS` translated.
+    fn mounted_with(options: &str) -> Option<Result<Vec<OsString>, String>> {
+        translate(&args(&["t", "/s", "/m", "-o", options]), verb)
+    }
+
+    /// `t --store /s mount /m FLAGS`.
+    fn mount_args(flags: &[&str]) -> Vec<OsString> {
+        let mut words = args(&["t", "--store", "/s", "mount", "/m"]);
+        words.extend(args(flags));
+        words
+    }
+
     fn verb(word: &OsStr) -> bool {
         word == "mount" || word == "ls"
     }
@@ -280,21 +292,9 @@ mod tests {
             split_options(r"ro,log_file=/l/a\,b.log,x\\y,end\"),
             ["ro", "log_file=/l/a,b.log", r"x\y", r"end\"]
         );
-        let said = translate(
-            &args(&["t", "/s", "/m", "-o", r"ro,log_file=/l/a\,b.log,threads=2"]),
-            verb,
-        );
         assert_eq!(
-            said,
-            Some(Ok(args(&[
-                "t",
-                "--store",
-                "/s",
-                "mount",
-                "/m",
-                "--log-file=/l/a,b.log",
-                "--threads=2",
-            ])))
+            mounted_with(r"ro,log_file=/l/a\,b.log,threads=2"),
+            Some(Ok(mount_args(&["--log-file=/l/a,b.log", "--threads=2"])))
         );
     }
 
@@ -333,17 +333,9 @@ mod tests {
         let said = translate(&args(&["t", "tensorfs#", "/m"]), verb);
         assert!(matches!(said, Some(Err(why)) if why.contains("no store")));
         // A value starting with `-` stays the option's.
-        let said = translate(&args(&["t", "/s", "/m", "-o", "log_file=-x.log"]), verb);
         assert_eq!(
-            said,
-            Some(Ok(args(&[
-                "t",
-                "--store",
-                "/s",
-                "mount",
-                "/m",
-                "--log-file=-x.log"
-            ])))
+            mounted_with("log_file=-x.log"),
+            Some(Ok(mount_args(&["--log-file=-x.log"])))
         );
     }
 }
