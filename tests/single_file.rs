@@ -1082,3 +1082,98 @@ fn a_vae_alone_under_its_checkpoint_prefix_is_converted_as_a_bare_one() {
         original["first_stage_model.decoder.conv_in.weight"]
     );
 }
+
+/// A T5 encoder alone in Transformers' layout (ComfyUI's `t5xxl` files): `blocks` blocks, 32
+/// wide, 4 heads of 8, gated (v1.1: `wi_0`, `wi_1`) or not (v1.0: `wi`), the relative
+/// attention bias in the first block (in every block: UMT5), with a decoder or not.
+fn t5_tensors(blocks: usize, gated: bool, bias_everywhere: bool) -> Vec<(String, Vec<usize>)> {
+    let mut t: Vec<(String, Vec<usize>)> = vec![("shared.weight".into(), vec![300, 32])];
+    for b in 0..blocks {
+        let attention = format!("encoder.block.{b}.layer.0.SelfAttention");
+        for w in ["q", "k", "v"] {
+            t.push((format!("{attention}.{w}.weight"), vec![32, 32]));
+        }
+        t.push((format!("{attention}.o.weight"), vec![32, 32]));
+        if b == 0 || bias_everywhere {
+            t.push((
+                format!("{attention}.relative_attention_bias.weight"),
+                vec![32, 4],
+            ));
+        }
+        t.push((
+            format!("encoder.block.{b}.layer.0.layer_norm.weight"),
+            vec![32],
+        ));
+        let ff = format!("encoder.block.{b}.layer.1.DenseReluDense");
+        for wi in if gated {
+            &["wi_0", "wi_1"][..]
+        } else {
+            &["wi"]
+        } {
+            t.push((format!("{ff}.{wi}.weight"), vec![64, 32]));
+        }
+        t.push((format!("{ff}.wo.weight"), vec![32, 64]));
+        t.push((
+            format!("encoder.block.{b}.layer.1.layer_norm.weight"),
+            vec![32],
+        ));
+    }
+    t.push(("encoder.final_layer_norm.weight".into(), vec![32]));
+    t
+}
+
+#[test]
+fn a_t5_encoder_alone_is_a_transformers_model_folder_v1_1_or_v1_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    for (name, gated, proj) in [("v11", true, "gated-gelu"), ("v10", false, "relu")] {
+        let file = write(
+            tmp.path(),
+            &format!("t5_{name}.safetensors"),
+            &t5_tensors(3, gated, false),
+        );
+        let report = import_json(&store, &file, &format!("local/t5-{name}"), &[]);
+        assert_eq!(
+            report["lanes"][0]["single_file"]["converter"], "t5.single_file",
+            "{report}"
+        );
+        let face = tmp.path().join(format!("face-{name}"));
+        let repo = format!("local/t5-{name}");
+        ok(
+            &store,
+            &["export", &repo, face.to_str().unwrap(), "--diffusers"],
+        );
+        let config = json(&face.join("config.json"));
+        assert_eq!(config["architectures"][0], "T5EncoderModel", "{config}");
+        for (key, value) in [
+            ("d_model", serde_json::json!(32)),
+            ("d_kv", serde_json::json!(8)),
+            ("num_heads", serde_json::json!(4)),
+            ("d_ff", serde_json::json!(64)),
+            ("num_layers", serde_json::json!(3)),
+            ("vocab_size", serde_json::json!(300)),
+            ("relative_attention_num_buckets", serde_json::json!(32)),
+            ("feed_forward_proj", serde_json::json!(proj)),
+        ] {
+            assert_eq!(config[key], value, "{key}: {config}");
+        }
+        assert_eq!(
+            tensors_of(&face.join("model.safetensors")),
+            tensors_of(&file)
+        );
+    }
+    // A bias in every block (UMT5) and a whole T5 (its decoder too) are not T5 encoders alone.
+    let umt5 = write(tmp.path(), "umt5.safetensors", &t5_tensors(2, true, true));
+    let mut whole = t5_tensors(2, true, false);
+    whole.push((
+        "decoder.block.0.layer.0.SelfAttention.q.weight".into(),
+        vec![32, 32],
+    ));
+    let whole = write(tmp.path(), "t5_whole.safetensors", &whole);
+    for (file, why) in [(umt5, "UMT5"), (whole, "decoder")] {
+        let report = import_json(&store, &file, "local/not-t5", &[]);
+        assert!(report["lanes"][0]["single_file"].is_null(), "{report}");
+        let warnings = report["warnings"].to_string();
+        assert!(warnings.contains(why), "{warnings}");
+    }
+}

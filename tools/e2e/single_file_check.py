@@ -647,6 +647,38 @@ def check_text_encoder_alone(report, mnt, name, model, lane):
     report.check(got == (hidden, act, hidden // 64, 1), f"{name} alone: its derived config", str(got))
 
 
+def write_t5_alone(path):
+    """A small T5 v1.1 encoder (gated GELU), saved as ComfyUI's t5xxl files are (Transformers'
+    keys, the embedding once as `shared.weight`); returns the model."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    model = transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=300, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu"))
+    perturb(model)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "encoder.embed_tokens.weight"}
+    save_file(sd, str(path))
+    return model.eval()
+
+
+def check_t5_alone(report, mnt, model, lane):
+    import torch
+    import transformers
+
+    face = mnt / "local" / "t5-alone" / "latest" / f"{lane}@diffusers"
+    loaded = transformers.T5EncoderModel.from_pretrained(str(face), local_files_only=True).eval()
+    bad = same_tensors({"m": model.state_dict()}, {"m": loaded.state_dict()})
+    report.check(not bad, "t5 alone: T5EncoderModel.from_pretrained(@diffusers) equals the model written",
+                 ", ".join(bad[:5]))
+    ids = torch.tensor([[5, 17, 42, 1]])
+    with torch.no_grad():
+        same = torch.equal(model(ids).last_hidden_state, loaded(ids).last_hidden_state)
+    report.check(same, "t5 alone: the same encoding as the model written")
+
+
 def torch_equal(a, b):
     import torch
 
@@ -739,6 +771,13 @@ def main():
         report.check(converted.get("converter") == converter and not said.get("warnings"),
                      f"{name} alone: recognised as {converter}", f"{converted}; warnings: {said.get('warnings')}")
         encoders[name] = (model, said["lanes"][0]["lane"])
+    t5_file = work / "t5xxl.safetensors"
+    t5 = write_t5_alone(t5_file)
+    said = json.loads(tensorfs("import", t5_file, "--name", "local/t5-alone", "--json"))
+    converted = said["lanes"][0].get("single_file") or {}
+    report.check(converted.get("converter") == "t5.single_file" and not said.get("warnings"),
+                 "t5 alone: recognised as t5.single_file", f"{converted}; warnings: {said.get('warnings')}")
+    t5_lane = said["lanes"][0]["lane"]
 
     mnt = work / "mnt"
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
@@ -749,6 +788,7 @@ def main():
             check_unet_alone(report, mnt, family, unet, file, lane)
         for name, (model, lane) in encoders.items():
             check_text_encoder_alone(report, mnt, name, model, lane)
+        check_t5_alone(report, mnt, t5, t5_lane)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
 
 

@@ -109,6 +109,7 @@ pub(crate) fn config(
             }
             clip_text(&shapes, directive("head_width"), dtype)?
         }
+        "T5EncoderModel" => t5_encoder(&shapes, dtype)?,
         other => return Err(format!("no config is derived for class {other}")),
     };
     for (k, v) in marked {
@@ -369,6 +370,52 @@ fn clip_text(
             json!(s.dim("text_projection.weight", 2, 0)?),
         );
     }
+    if let Some(torch) = torch_dtype(dtype) {
+        config.insert("torch_dtype".into(), json!(torch));
+    }
+    Ok(config)
+}
+
+/// A T5 encoder's config (Transformers' `T5Config`): widths from the shared embedding
+/// (`[vocab, d_model]`), the first block's attention (`q`: `[heads × d_kv, d_model]`; the
+/// relative attention bias, which only the first block has: `[buckets, heads]`) and
+/// feed-forward (`wi_0` and `wi_1`: T5 v1.1's gated GELU; `wi` alone: v1.0's ReLU), and the
+/// number of blocks.
+fn t5_encoder(s: &Shapes<'_>, dtype: &str) -> Result<Map<String, Value>, String> {
+    let attention = "encoder.block.0.layer.0.SelfAttention";
+    let feed_forward = "encoder.block.0.layer.1.DenseReluDense";
+    let d_model = s.dim("shared.weight", 2, 1)?;
+    let heads = s.dim(&format!("{attention}.relative_attention_bias.weight"), 2, 1)?;
+    let inner = s.dim(&format!("{attention}.q.weight"), 2, 0)?;
+    if inner % heads != 0 {
+        return Err(format!(
+            "{inner} attention channels are not {heads} equal heads"
+        ));
+    }
+    let (d_ff, feed_forward_proj) = if s.has(&format!("{feed_forward}.wi_0.weight")) {
+        (
+            s.dim(&format!("{feed_forward}.wi_0.weight"), 2, 0)?,
+            "gated-gelu",
+        )
+    } else {
+        (s.dim(&format!("{feed_forward}.wi.weight"), 2, 0)?, "relu")
+    };
+    let layers = s.count("encoder.block.");
+    let mut config = Map::new();
+    config.insert("model_type".into(), json!("t5"));
+    config.insert("vocab_size".into(), json!(s.dim("shared.weight", 2, 0)?));
+    config.insert("d_model".into(), json!(d_model));
+    config.insert("d_kv".into(), json!(inner / heads));
+    config.insert("d_ff".into(), json!(d_ff));
+    config.insert("num_layers".into(), json!(layers));
+    config.insert("num_decoder_layers".into(), json!(layers));
+    config.insert("num_heads".into(), json!(heads));
+    config.insert(
+        "relative_attention_num_buckets".into(),
+        json!(s.dim(&format!("{attention}.relative_attention_bias.weight"), 2, 0)?),
+    );
+    config.insert("feed_forward_proj".into(), json!(feed_forward_proj));
+    config.insert("is_encoder_decoder".into(), json!(true));
     if let Some(torch) = torch_dtype(dtype) {
         config.insert("torch_dtype".into(), json!(torch));
     }
