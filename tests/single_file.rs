@@ -1170,7 +1170,22 @@ fn a_t5_encoder_alone_is_a_transformers_model_folder_v1_1_or_v1_0() {
         vec![32, 32],
     ));
     let whole = write(tmp.path(), "t5_whole.safetensors", &whole);
-    for (file, why) in [(umt5, "UMT5"), (whole, "decoder")] {
+    // Transformers would make up a missing tensor, and drop the blocks after a gap.
+    let mut lacking = t5_tensors(3, true, false);
+    lacking.retain(|(k, _)| k != "encoder.block.2.layer.1.DenseReluDense.wo.weight");
+    let lacking = write(tmp.path(), "t5_lacking.safetensors", &lacking);
+    let mut gap = t5_tensors(3, true, false);
+    gap.retain(|(k, _)| !k.starts_with("encoder.block.1."));
+    let gap = write(tmp.path(), "t5_gap.safetensors", &gap);
+    for (file, why) in [
+        (umt5, "UMT5"),
+        (whole, "decoder"),
+        (
+            lacking,
+            "no tensor encoder.block.2.layer.1.DenseReluDense.wo.weight",
+        ),
+        (gap, "block 1 is missing"),
+    ] {
         let report = import_json(&store, &file, "local/not-t5", &[]);
         assert!(report["lanes"][0]["single_file"].is_null(), "{report}");
         let warnings = report["warnings"].to_string();

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import mmap
 import os
 import threading
 import weakref
@@ -135,12 +134,12 @@ class safe_open:
         self._parts = None
         self._decoded = frozenset()
         self._store = None
-        # The mmap backend's copy-on-write mapping of each blob, shared by the tensors this
-        # handle builds from it (as safetensors maps its file once): a model has thousands of
-        # tensors but few blobs, and a mapping keeps a descriptor. Held, with its address,
-        # while the file is open; after that, while a tensor or slice holds it.
+        # The mmap backend's copy-on-write mapping of each blob (a buffer over it), shared by
+        # the tensors this handle builds from it (as safetensors maps its file once): a model
+        # has thousands of tensors but few blobs. Held, with its address, while the file is
+        # open; after that, while a tensor or slice holds it. Mappings keep no descriptor.
         self._held: Dict[str, tuple] = {}
-        self._maps: "weakref.WeakValueDictionary[str, mmap.mmap]" = weakref.WeakValueDictionary()
+        self._maps: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
         self._maps_lock = threading.Lock()
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
@@ -252,7 +251,9 @@ class safe_open:
         if not self._fast:
             return self._inner.offset_keys()
         self._check_open()
-        return sorted(self._tensors, key=lambda k: (self._tensors[k][2], k))
+        # safetensors' order: by data offsets (a zero-size tensor before one starting where
+        # it does), then by name.
+        return sorted(self._tensors, key=lambda k: (self._tensors[k][2], self._tensors[k][3], k))
 
     def metadata(self) -> Optional[Dict[str, str]]:
         if not self._fast:
@@ -265,11 +266,12 @@ class safe_open:
         torch framework read from the blobs like `get_tensor`: the index is torch's, applied
         to the tensor's mapping (with the mmap backend only the pages it selects are read),
         and the slice stays usable after the file is closed, as safetensors' does. NumPy
-        slices are safetensors' own (its slicing rules differ from NumPy's)."""
+        slices are safetensors' own (its slicing rules differ from NumPy's), and so are slices
+        of a dtype torch lacks."""
         if not self._fast:
             return self._inner.get_slice(name)
         entry = self._entry(name)
-        if self._framework not in ("pt", "torch"):
+        if self._framework not in ("pt", "torch") or entry[0] not in _dtypes(True):
             return self._safetensors().get_slice(name)
         return _Slice(self, name, entry)
 
@@ -393,7 +395,7 @@ class safe_open:
                     if mapping is None:
                         mapping = self._map(store, sha, blob_length, stamp, name)
                         self._maps[sha] = mapping
-                    held = mapping, ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+                    held = mapping, ctypes.addressof(mapping)
                     if self._fd is not None:
                         self._held[sha] = held
             mapping, address = held
@@ -403,14 +405,13 @@ class safe_open:
         pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
         return _native.read(store, pieces, end - begin, f"{self._path}: tensor {name!r}"), 0
 
-    def _map(self, store: str, sha: str, blob_length: int, stamp, name: str) -> mmap.mmap:
-        """A copy-on-write mapping of the blob `sha`, its bytes proven."""
-        what = f"{self._path}: tensor {name!r}"
-        fd = _native.open_blob(store, sha, blob_length, what, stamp)
-        try:
-            return mmap.mmap(fd, blob_length, access=mmap.ACCESS_COPY)
-        finally:
-            os.close(fd)
+    def _map(self, store: str, sha: str, blob_length: int, stamp, name: str):
+        """A writable buffer over a copy-on-write mapping of the blob `sha`, its bytes
+        proven. The mapping keeps no descriptor; it goes with the last buffer over it."""
+        blob = _native.map_blob(store, sha, blob_length, f"{self._path}: tensor {name!r}", stamp)
+        view = (ctypes.c_char * blob.length).from_address(blob.address)
+        view._blob = blob
+        return view
 
     def _locate(self, name: str, begin: int, end: int, what: str):
         """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor."""

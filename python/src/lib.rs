@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -178,24 +178,83 @@ fn describe(py: Python<'_>, fd: i32, path: &str) -> PyResult<Option<String>> {
     }
 }
 
-/// A new read-only descriptor of the blob `sha256` (`length` bytes) of the store at `store`,
-/// its bytes proven first ([`proven_blob`]). The caller closes it. `what` names the file and
-/// tensor in errors.
+/// A private, copy-on-write mapping of a whole blob (`MAP_PRIVATE`, readable and writable:
+/// a write makes the process's own copy of a page, never touching the blob), which keeps no
+/// descriptor: a model of thousands of blobs stays within the descriptor limit, as
+/// safetensors' one mapping of its file does. Unmapped when dropped; whoever makes a buffer
+/// over `address` keeps this object alive as long as the buffer.
+#[pyclass(frozen)]
+struct BlobMap {
+    address: usize,
+    length: usize,
+}
+
+#[pymethods]
+impl BlobMap {
+    /// Where the mapping starts.
+    #[getter]
+    fn address(&self) -> usize {
+        self.address
+    }
+
+    /// Its length in bytes: the blob's.
+    #[getter]
+    fn length(&self) -> usize {
+        self.length
+    }
+}
+
+impl Drop for BlobMap {
+    fn drop(&mut self) {
+        // SAFETY: the range this object mapped; nothing uses it once the object goes (buffers
+        // over it hold the object).
+        unsafe { libc::munmap(self.address as *mut libc::c_void, self.length) };
+    }
+}
+
+/// A [`BlobMap`] of the blob `sha256` (`length` bytes, at least one) of the store at `store`,
+/// its bytes proven first ([`proven_blob`]). `what` names the file and tensor in errors.
 ///
 /// # Errors
-/// As [`proven_blob`].
+/// As [`proven_blob`]; the `mmap` call's errno (`ENOMEM`), naming the blob.
 #[pyfunction]
 #[pyo3(signature = (store, sha256, length, what, stamp=None))]
-fn open_blob(
+fn map_blob(
     py: Python<'_>,
     store: PathBuf,
     sha256: &str,
     length: u64,
     what: &str,
     stamp: Option<[i64; 5]>,
-) -> PyResult<i32> {
+) -> PyResult<BlobMap> {
     let object = object(sha256, length)?;
-    Ok(proven_blob(py, &store, &object, what, stamp)?.into_raw_fd())
+    let file = proven_blob(py, &store, &object, what, stamp)?;
+    let Some(len) = usize::try_from(length).ok().filter(|&l| l > 0) else {
+        return Err(os_error(
+            libc::EINVAL,
+            format!("{what}: blob {sha256} of {length} bytes cannot be mapped"),
+        ));
+    };
+    // SAFETY: a new mapping of `len` bytes of an open file at offset 0; the kernel picks the
+    // address. The descriptor may close after the call: the mapping keeps the file.
+    let address = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    if address == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        return Err(io_error(&format!("{what}: mapping blob {sha256}"), &e));
+    }
+    Ok(BlobMap {
+        address: address as usize,
+        length: len,
+    })
 }
 
 /// The blob of `object` in the store at `store`, its bytes proven: by `stamp` (`[st_dev,
@@ -338,7 +397,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mounted::index, m)?)?;
     m.add_function(wrap_pyfunction!(mounted::is_fuse, m)?)?;
     m.add_function(wrap_pyfunction!(locate, m)?)?;
-    m.add_function(wrap_pyfunction!(open_blob, m)?)?;
+    m.add_class::<BlobMap>()?;
+    m.add_function(wrap_pyfunction!(map_blob, m)?)?;
     m.add_function(wrap_pyfunction!(read, m)?)?;
     m.add_function(wrap_pyfunction!(will_need, m)?)?;
     #[cfg(feature = "cuda")]

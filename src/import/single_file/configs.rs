@@ -401,6 +401,40 @@ fn t5_encoder(s: &Shapes<'_>, dtype: &str) -> Result<Map<String, Value>, String>
         (s.dim(&format!("{feed_forward}.wi.weight"), 2, 0)?, "relu")
     };
     let layers = s.count("encoder.block.");
+    // Transformers makes up what a file lacks, and drops blocks past a gap: every block must
+    // be whole, numbered from 0 without one.
+    let mut whole = vec!["encoder.final_layer_norm.weight".to_owned()];
+    for b in 0..layers {
+        let block = format!("encoder.block.{b}.layer");
+        for w in ["q", "k", "v", "o"] {
+            whole.push(format!("{block}.0.SelfAttention.{w}.weight"));
+        }
+        let inner: &[&str] = match feed_forward_proj {
+            "gated-gelu" => &["wi_0", "wi_1", "wo"],
+            _ => &["wi", "wo"],
+        };
+        whole.extend(
+            inner
+                .iter()
+                .map(|w| format!("{block}.1.DenseReluDense.{w}.weight")),
+        );
+        whole.push(format!("{block}.0.layer_norm.weight"));
+        whole.push(format!("{block}.1.layer_norm.weight"));
+    }
+    if let Some(missing) = whole.iter().find(|k| !s.has(k)) {
+        return Err(format!("it has no tensor {missing}"));
+    }
+    let beyond = s
+        .by_key
+        .keys()
+        .filter_map(|k| k.strip_prefix("encoder.block."))
+        .filter_map(|rest| rest.split('.').next()?.parse::<u64>().ok())
+        .any(|b| b >= layers);
+    if beyond {
+        return Err(format!(
+            "its blocks are not numbered from 0 without a gap: block {layers} is missing"
+        ));
+    }
     let mut config = Map::new();
     config.insert("model_type".into(), json!("t5"));
     config.insert("vocab_size".into(), json!(s.dim("shared.weight", 2, 0)?));
