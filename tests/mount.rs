@@ -475,12 +475,14 @@ fn a_stale_mountpoint_is_detected_and_cleared() {
         .output()
         .unwrap();
     let said: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
-    let stale = said
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["check"] == "stale mounts")
-        .unwrap();
+    let finding = |check: &str| {
+        said.as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == check)
+            .unwrap_or_else(|| panic!("no {check} finding: {said}"))
+    };
+    let stale = finding("stale mounts");
     let shown = root.display().to_string();
     assert_eq!(stale["status"], "warn", "{stale}");
     assert!(
@@ -492,12 +494,7 @@ fn a_stale_mountpoint_is_detected_and_cleared() {
         "{stale}"
     );
     // Its trial mount reads the FUSE protocol from the mount's status.
-    let trial = said
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["check"] == "trial mount")
-        .unwrap();
+    let trial = finding("trial mount");
     assert_eq!(trial["status"], "ok", "{trial}");
     assert!(
         trial["finding"]

@@ -23,7 +23,7 @@ bench=0
 for arg in "$@"; do
     case "$arg" in
         --bench) bench=1 ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage; exit 0 ;;
         *) die "unknown argument $arg (see --help)" ;;
     esac
 done

@@ -14,6 +14,8 @@ _tool="$(basename "$0")"
 
 log() { echo "$_tool: $*" >&2; }
 die() { echo "$_tool: error: $*" >&2; exit 1; }
+# Prints the calling script's header comment (its usage), without the #! line.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 # Runs `cmd...` under a banner; dies naming the step when it fails.
 step() {

@@ -17,7 +17,7 @@ build=1
 for arg in "$@"; do
     case "$arg" in
         --no-build) build=0 ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage; exit 0 ;;
         *) die "unknown argument $arg (see --help)" ;;
     esac
 done

@@ -52,7 +52,7 @@ for arg in "$@"; do
     case "$arg" in
         --no-cargo) run_cargo=0 ;;
         --no-e2e) run_e2e=0 ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage; exit 0 ;;
         *) die "unknown argument $arg (see --help)" ;;
     esac
 done

@@ -136,10 +136,10 @@ class safe_open:
         self._store = None
         # The mmap backend's copy-on-write mapping of each blob (a buffer over it), shared by
         # the tensors this handle builds from it (as safetensors maps its file once): a model
-        # has thousands of tensors but few blobs. Held, with its address, while the file is
-        # open; after that, while a tensor or slice holds it. Mappings keep no descriptor.
-        self._held: Dict[str, tuple] = {}
+        # has thousands of tensors but few blobs. Found through `_maps` while a tensor or slice
+        # holds it; `_held` also holds it while the file is open. Mappings keep no descriptor.
         self._maps: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+        self._held: Dict[str, Any] = {}
         self._maps_lock = threading.Lock()
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
@@ -389,18 +389,14 @@ class safe_open:
         if len(extents) == 1 and self._backend == "mmap":
             sha, blob_length, offset, length, _, stamp = extents[0]
             with self._maps_lock:
-                held = self._held.get(sha)
-                if held is None:
-                    mapping = self._maps.get(sha)
-                    if mapping is None:
-                        mapping = self._map(store, sha, blob_length, stamp, name)
-                        self._maps[sha] = mapping
-                    held = mapping, ctypes.addressof(mapping)
+                mapping = self._maps.get(sha)
+                if mapping is None:
+                    mapping = self._map(store, sha, blob_length, stamp, name)
+                    self._maps[sha] = mapping
                     if self._fd is not None:
-                        self._held[sha] = held
-            mapping, address = held
+                        self._held[sha] = mapping
             # Cold, the mapping would be read fault by fault: ask for the range at once.
-            _native.will_need(address + offset, length)
+            _native.will_need(mapping._blob.address + offset, length)
             return mapping, offset
         pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
         return _native.read(store, pieces, end - begin, f"{self._path}: tensor {name!r}"), 0

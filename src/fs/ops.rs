@@ -647,11 +647,14 @@ impl TensorFs {
             })
         };
         let stamp = |object: &ObjectRef| self.objects.proven_stamp(object).map(|s| s.fields());
+        // A file's blobs never change; their proofs may.
+        let mut kept = None;
         if let Some(last) = index.description() {
-            let kept = keep(&last.blobs)?;
+            let held = keep(&last.blobs)?;
             if last.blobs.iter().map(stamp).eq(last.stamps.iter().copied()) {
-                return Ok((last, kept));
+                return Ok((last, held));
             }
+            kept = Some(held);
         }
         let all = tensors.locate_all(root).map_err(IoctlError::from)?;
         let mut blobs: Vec<ObjectRef> = Vec::new();
@@ -665,7 +668,10 @@ impl TensorFs {
                 }
             }
         }
-        let kept = keep(&blobs)?;
+        let kept = match kept {
+            Some(kept) => kept,
+            None => keep(&blobs)?,
+        };
         let root = root.to_str().ok_or_else(|| {
             IoctlError::Overflow(format!("the store root {} is not UTF-8", root.display()))
         })?;

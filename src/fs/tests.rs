@@ -812,7 +812,7 @@ fn reads_in_order_prefetch_the_next_chunks_and_jumps_do_not() {
 }
 
 #[test]
-fn the_whole_file_answer_is_made_once_per_file_and_again_when_a_blob_is_proven() {
+fn the_whole_file_answer_is_given_again_until_a_blob_is_proven() {
     use crate::extents::ioctl::{FILE, FILE_BYTES, FILE_PAGE_BYTES};
     // struct tensorfs_file: the answer's length at byte 16, its text after the fields.
     const TEXT: usize = FILE_BYTES - FILE_PAGE_BYTES;

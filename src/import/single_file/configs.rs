@@ -55,14 +55,18 @@ impl<'a> Shapes<'a> {
         Ok(shape[dim])
     }
 
-    /// How many consecutive indices from 0 follow `prefix` (`down_blocks.` → the levels).
-    fn count(&self, prefix: &str) -> u64 {
-        let found: BTreeSet<u64> = self
-            .by_key
+    /// The indices that follow `prefix` in the keys (`encoder.block.` → each block's).
+    fn indices(&self, prefix: &str) -> BTreeSet<u64> {
+        self.by_key
             .keys()
             .filter_map(|k| k.strip_prefix(prefix))
             .filter_map(|rest| rest.split('.').next()?.parse().ok())
-            .collect();
+            .collect()
+    }
+
+    /// How many consecutive indices from 0 follow `prefix` (`down_blocks.` → the levels).
+    fn count(&self, prefix: &str) -> u64 {
+        let found = self.indices(prefix);
         (0..).take_while(|i| found.contains(i)).count() as u64
     }
 
@@ -424,13 +428,7 @@ fn t5_encoder(s: &Shapes<'_>, dtype: &str) -> Result<Map<String, Value>, String>
     if let Some(missing) = whole.iter().find(|k| !s.has(k)) {
         return Err(format!("it has no tensor {missing}"));
     }
-    let beyond = s
-        .by_key
-        .keys()
-        .filter_map(|k| k.strip_prefix("encoder.block."))
-        .filter_map(|rest| rest.split('.').next()?.parse::<u64>().ok())
-        .any(|b| b >= layers);
-    if beyond {
+    if s.indices("encoder.block.").len() as u64 > layers {
         return Err(format!(
             "its blocks are not numbered from 0 without a gap: block {layers} is missing"
         ));
