@@ -342,7 +342,7 @@ pub fn import(
             for item in &c.items {
                 match item {
                     Item::Marker(_) => {}
-                    Item::Plain(i) | Item::Transposed(i, _) => {
+                    Item::Plain(i) | Item::Computed(i, _) => {
                         let t = &c.tensors[*i];
                         tensor_bytes += t.length;
                         tensors.push(Tensor {
@@ -542,7 +542,7 @@ fn stored_parts(c: &lane::ComponentModel) -> Vec<(&str, u64, Stored)> {
                 let t = &c.tensors[*i];
                 out.push((t.key.as_str(), t.length, Stored::Array(*i)));
             }
-            Item::Transposed(i, bytes) => {
+            Item::Computed(i, bytes) => {
                 let t = &c.tensors[*i];
                 out.push((t.key.as_str(), t.length, Stored::Bytes(bytes.to_vec())));
             }

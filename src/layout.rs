@@ -358,12 +358,16 @@ impl LaneView {
         for a in &reversed.arrays {
             let mut length = 0;
             let mut dtype = None;
-            for key in &a.tensors {
-                let t = tensor(&a.component, key).expect("reverse names the lane's tensors");
+            for piece in &a.pieces {
+                let t = tensor(&a.component, &piece.tensor).expect("reverse names lane tensors");
                 let Body::Plain(location) = &t.body else {
                     unreachable!("reverse takes plain tensors only");
                 };
-                length += location.length;
+                length += match piece.rows {
+                    None => location.length,
+                    // Reverse splits a tensor only in halves of its rows.
+                    Some((begin, end)) => location.length / t.shape[0] * (end - begin),
+                };
                 dtype = Some(&t.dtype);
             }
             let dtype = dtype.expect("an array has a tensor");
@@ -373,10 +377,10 @@ impl LaneView {
                 shape: &a.shape,
                 length,
             });
-            let source = match a.tensors.as_slice() {
-                [one] => ArraySource::Tensor {
+            let source = match a.pieces.as_slice() {
+                [one] if one.rows.is_none() => ArraySource::Tensor {
                     component: a.component.clone(),
-                    tensor: one.clone(),
+                    tensor: one.tensor.clone(),
                     transposed: a.transposed,
                 },
                 many => ArraySource::Rows {

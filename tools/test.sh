@@ -31,9 +31,9 @@
 #    lanes byte-exact, `<lane>@decoded` loaded by Transformers, equal to the producer's reading
 #    where bitsandbytes / compressed-tensors are installed),
 #    tools/e2e/single_file_check.py (CompVis SD 1.x, SD 2.x, SDXL and SDXL refiner single
-#    files imported as Diffusers components: the file byte for byte, `<lane>@diffusers` loaded
-#    by Diffusers equal to the folder it was written from, diffusers' from_single_file as
-#    oracle, ≤ 2 % added),
+#    files, and UNets, text encoders and FLUX.1/SD3 transformers alone, imported as Diffusers
+#    components: the file byte for byte, `<lane>@diffusers` loaded by Diffusers equal to the
+#    model it was written from, diffusers' own conversion as oracle, ≤ 2 % added),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
 #    exported by `tfs`);
 # 5. a smoke test of the benchmark command: `tools/bench --quick --no-drop-caches` (64 MiB, one

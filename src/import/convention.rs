@@ -43,10 +43,11 @@ pub(crate) enum Item {
     Encoded(EncodedModel),
     /// An array that only declares a convention; the recipe keeps its bytes.
     Marker(usize),
-    /// A plain tensor whose bytes are the array's transposed (a single file's OpenCLIP
-    /// `text_projection`, which Diffusers holds the other way), computed by the import: its
-    /// key, dtype and shape are the array's entry, these its bytes.
-    Transposed(usize, std::sync::Arc<[u8]>),
+    /// A plain tensor whose bytes the import computes from the array's: transposed (a single
+    /// file's OpenCLIP `text_projection`, which Diffusers holds the other way) or its rows in
+    /// another order (an original adaLN projection's halves); its key, dtype and shape are
+    /// the array's entry, these its bytes.
+    Computed(usize, std::sync::Arc<[u8]>),
 }
 
 /// An encoded tensor built from source arrays.

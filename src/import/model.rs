@@ -491,7 +491,7 @@ fn recognize(
     let mut arrays: Vec<BTreeMap<String, ArraySource>> = vec![BTreeMap::new(); c.weights.len()];
     for item in &items {
         match item {
-            Item::Plain(_) | Item::Transposed(..) => {}
+            Item::Plain(_) | Item::Computed(..) => {}
             Item::Marker(i) => {
                 let bytes =
                     read(*i).map_err(|why| ImportError::source(&c.weights[file_of(*i)], why))?;
@@ -727,7 +727,7 @@ fn main_dtype(model: &LaneModel) -> String {
         for item in &c.items {
             let (label, length) = match item {
                 Item::Marker(_) => continue,
-                Item::Plain(i) | Item::Transposed(i, _) => {
+                Item::Plain(i) | Item::Computed(i, _) => {
                     (c.tensors[*i].dtype.name().to_owned(), c.tensors[*i].length)
                 }
                 Item::Encoded(e) => {

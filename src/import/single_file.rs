@@ -345,8 +345,8 @@ fn configs(
 }
 
 /// A converted component's tensors, as the safetensors library writes a file (dtype
-/// descending, then name), each a byte range of the file (a row part of a split array) or
-/// bytes the import computes (a transpose).
+/// descending, then name), each a byte range of the file (the array, or a row part of a split
+/// array) or bytes the import computes (a transpose, or rows in another order).
 fn tensors(
     converted: &Converted<'_>,
     c: &super::lane::ComponentModel,
@@ -356,13 +356,18 @@ fn tensors(
     let mut made: Vec<(super::scan::SourceTensor, Option<Arc<[u8]>>)> = Vec::new();
     for r in &converted.tensors {
         let from = &c.tensors[r.source];
-        let (offset, length) = match r.part {
-            Some((k, n)) => (from.offset + k * from.length / n, from.length / n),
-            None => (from.offset, from.length),
-        };
-        let bytes = match r.transposed {
-            true => Some(transposed(path, from)?.into()),
-            false => None,
+        let row = from.length / from.shape.first().copied().unwrap_or(1).max(1);
+        let ((offset, length), bytes) = match (r.rows.as_slice(), r.transposed) {
+            (_, true) => (
+                (from.offset, from.length),
+                Some(transposed(path, from)?.into()),
+            ),
+            ([], false) => ((from.offset, from.length), None),
+            ([(begin, end)], false) => ((from.offset + begin * row, (end - begin) * row), None),
+            (ranges, false) => {
+                let bytes = reordered(path, from, ranges)?;
+                ((from.offset, bytes.len() as u64), Some(bytes.into()))
+            }
         };
         let tensor = super::scan::SourceTensor {
             key: r.key.clone(),
@@ -380,7 +385,7 @@ fn tensors(
         .iter()
         .enumerate()
         .map(|(i, (_, bytes))| match bytes {
-            Some(b) => Item::Transposed(i, b.clone()),
+            Some(b) => Item::Computed(i, b.clone()),
             None => Item::Plain(i),
         })
         .collect();
@@ -388,37 +393,79 @@ fn tensors(
 }
 
 /// What each array of the file that `converted` takes is: one of its tensors (perhaps
-/// transposed), or the rows of several.
+/// transposed), or rows of its tensors one after another.
 fn array_sources(
     converted: &Converted<'_>,
     c: &super::lane::ComponentModel,
 ) -> BTreeMap<String, crate::layout::recipe::ArraySource> {
-    use crate::layout::recipe::ArraySource;
+    use crate::layout::recipe::{ArraySource, TensorRows};
     let component = &converted.rule.name;
     let mut out = BTreeMap::new();
-    let mut parts: BTreeMap<usize, Vec<(u64, String)>> = BTreeMap::new();
+    // Per array: (its rows [begin, end), the tensor, the tensor's rows there).
+    let mut spans: BTreeMap<usize, Vec<(u64, u64, &str, u64)>> = BTreeMap::new();
     for r in &converted.tensors {
-        match r.part {
-            Some((k, _)) => parts.entry(r.source).or_default().push((k, r.key.clone())),
-            None => {
-                let source = ArraySource::Tensor {
-                    component: component.clone(),
-                    tensor: r.key.clone(),
-                    transposed: r.transposed,
-                };
-                out.insert(c.tensors[r.source].key.clone(), source);
-            }
+        if r.rows.is_empty() {
+            let source = ArraySource::Tensor {
+                component: component.clone(),
+                tensor: r.key.clone(),
+                transposed: r.transposed,
+            };
+            out.insert(c.tensors[r.source].key.clone(), source);
+            continue;
+        }
+        let mut at = 0;
+        for &(begin, end) in &r.rows {
+            spans
+                .entry(r.source)
+                .or_default()
+                .push((begin, end, &r.key, at));
+            at += end - begin;
         }
     }
-    for (i, mut rows) in parts {
-        rows.sort();
+    for (i, mut spans) in spans {
+        spans.sort_unstable();
+        let rows_of = |key: &str| {
+            let r = converted.tensors.iter().find(|r| r.key == key);
+            r.and_then(|r| r.shape.first().copied()).unwrap_or(1)
+        };
+        let tensors = spans
+            .into_iter()
+            .map(|(begin, end, key, at)| match (at, end - begin) {
+                (0, n) if n == rows_of(key) => TensorRows::whole(key),
+                (at, n) => TensorRows::part(key, (at, at + n)),
+            })
+            .collect();
         let source = ArraySource::Rows {
             component: component.clone(),
-            tensors: rows.into_iter().map(|(_, key)| key).collect(),
+            tensors,
         };
         out.insert(c.tensors[i].key.clone(), source);
     }
     out
+}
+
+/// Rows `ranges` of array `t` of the file at `path`, one after another.
+fn reordered(
+    path: &std::path::Path,
+    t: &super::scan::SourceTensor,
+    ranges: &[(u64, u64)],
+) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    let row = t.length / t.shape.first().copied().unwrap_or(1).max(1);
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut out = vec![0u8; t.length as usize];
+    let mut at = 0;
+    for &(begin, end) in ranges {
+        let n = ((end - begin) * row) as usize;
+        let into = out
+            .get_mut(at..at + n)
+            .ok_or_else(|| format!("{}: rows {begin}..{end} are not its own", t.key))?;
+        file.read_exact_at(into, t.offset + begin * row)
+            .map_err(|e| format!("cannot read {}: {e}", t.key))?;
+        at += n;
+    }
+    out.truncate(at);
+    Ok(out)
 }
 
 /// Array `t` of the file at `path`, a 2-D tensor, transposed.

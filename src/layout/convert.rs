@@ -12,27 +12,33 @@
 //! - `to` is the new key: literal segments, `{expr}` (integer arithmetic `+ - * / %` over the
 //!   captures and the keymap's `vars`, floor division) and `*`; absent, the key is unchanged;
 //!   `null`, the tensor stays in the file's own component (the file still holds it, Diffusers
-//!   does not); a list of N keys, the array's rows in N equal parts (a fused q/k/v: each part
-//!   a contiguous byte range);
+//!   does not); a list of N keys, the array's rows in N parts (a fused q/k/v: each part a
+//!   contiguous byte range), equal unless the option `rows` gives their proportions (Flux's
+//!   fused q/k/v/MLP projection, `[1, 1, 1, 4]`);
 //! - `sub` names a keymap that renames the rest (`*`) in turn;
 //! - `op` is `linear`: a `[n, m, 1, 1]` convolution kernel becomes the `[n, m]` weight of a
 //!   linear layer, its bytes the same; or `transpose`: a 2-D array becomes its transpose, the
 //!   one conversion that computes (OpenCLIP's `text_projection`, `x @ P` where Diffusers has a
-//!   linear layer).
+//!   linear layer); or `swap`: the array's two halves of rows, second first (the original
+//!   SD3 and Flux adaLN projections give shift then scale, Diffusers' scale then shift): two
+//!   contiguous byte ranges, so the tensor is the array's bytes in another order.
 //!
 //! `vars` are counted over the component's keys: `["min", pattern]` the least value its first
 //! capture takes, `["count", pattern]` how many distinct values it takes. So one rule serves
 //! every depth of a model (layers per block, levels), as diffusers' own conversion computes
 //! them from the file.
 //!
-//! Every other conversion only renames, reshapes and splits: a converted tensor is (a row range
-//! of) the source array's bytes, so the original file is re-created from the components byte
-//! for byte, a transposed array by transposing back.
+//! Every other conversion only renames, reshapes, splits and reorders rows: a converted tensor
+//! is row ranges of the source array's bytes, so the original file is re-created from the
+//! components byte for byte (an array is row ranges of its tensors), a transposed array by
+//! transposing back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::OnceLock;
 
 use serde::Deserialize;
+
+pub(crate) use super::recipe::TensorRows;
 
 /// The table, as the build carries it.
 const TABLE: &str = include_str!("../../fs-layout/single_file.json");
@@ -252,6 +258,8 @@ struct Rule {
     /// The rule applies only when the component has a key starting with this template's
     /// value (a reverse keymap's upsampler slot, which depends on whether its level attends).
     when: Option<Vec<TSeg>>,
+    /// For N target keys, the proportions of the array's rows each takes (empty: equal).
+    rows: Vec<u64>,
 }
 
 /// What a rule does to an array's shape (and, for a transpose, its bytes).
@@ -265,6 +273,8 @@ pub(crate) enum Op {
     Transpose,
     /// An `[n, m]` linear weight written as an `[n, m, 1, 1]` kernel (`linear` reversed).
     Kernel,
+    /// The rows' two halves exchanged (its own reverse).
+    Swap,
 }
 
 enum Target {
@@ -436,9 +446,10 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
         Some("linear") => Op::Linear,
         Some("transpose") => Op::Transpose,
         Some("kernel") => Op::Kernel,
+        Some("swap") => Op::Swap,
         Some(other) => return Err(format!("no op {other:?}")),
     };
-    let (mut with, mut when) = (Vec::new(), None);
+    let (mut with, mut when, mut rows) = (Vec::new(), None, Vec::new());
     match r.get(4) {
         None => {}
         Some(J::Object(fields)) => {
@@ -453,6 +464,14 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
                         }
                     }
                     ("if", J::String(prefix)) => when = Some(parse_target(prefix)?),
+                    ("rows", J::Array(weights)) => {
+                        for w in weights {
+                            match w.as_u64() {
+                                Some(w) if w > 0 => rows.push(w),
+                                _ => return Err(format!("rows: {w} is no positive count")),
+                            }
+                        }
+                    }
                     _ => return Err(format!("no option {name:?} taking {value}")),
                 }
             }
@@ -472,6 +491,9 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
     if matches!(&to, Target::Keys(keys) if keys.len() > 1) && op != Op::Same {
         return Err("a split array takes no op".into());
     }
+    if !rows.is_empty() && !matches!(&to, Target::Keys(keys) if keys.len() == rows.len()) {
+        return Err("rows gives a proportion for each of a rule's keys".into());
+    }
     Ok(Rule {
         from,
         to,
@@ -479,6 +501,7 @@ fn parse_rule(r: &[serde_json::Value]) -> Result<Rule, String> {
         op,
         with,
         when,
+        rows,
     })
 }
 
@@ -641,12 +664,14 @@ fn index(segment: &str) -> Option<i64> {
 /// What a keymap makes of one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Mapped {
-    /// The new key (N keys: the array's rows in N parts), and what happens to its shape;
-    /// `with`: the other keys whose rows follow this one's in the new array (a fused array).
+    /// The new key (N keys: the array's rows in N parts, in proportions `rows`, empty for
+    /// equal ones), and what happens to its shape; `with`: the other keys whose rows follow
+    /// this one's in the new array (a fused array).
     Keys {
         keys: Vec<String>,
         op: Op,
         with: Vec<String>,
+        rows: Vec<u64>,
     },
     /// The key stays in the file's own component.
     Kept,
@@ -698,9 +723,9 @@ impl Table {
                 // A sub-keymap renames one key (or fuses it with others); it neither splits nor
                 // computes.
                 (Some(sub), Some(rest)) => match self.map(sub, &rest, vars, present)? {
-                    Mapped::Keys { mut keys, op, with }
-                        if keys.len() == 1 && op != Op::Transpose =>
-                    {
+                    Mapped::Keys {
+                        mut keys, op, with, ..
+                    } if keys.len() == 1 && op != Op::Transpose => {
                         let head = segments[..rule.from.len() - 1].join(".");
                         fused = with
                             .into_iter()
@@ -749,7 +774,12 @@ impl Table {
                 .map(|t| instantiate(t, &env, None))
                 .collect::<Option<Vec<_>>>()?;
             with.extend(fused);
-            return Some(Mapped::Keys { keys, op, with });
+            return Some(Mapped::Keys {
+                keys,
+                op,
+                with,
+                rows: rule.rows.clone(),
+            });
         }
         None
     }
@@ -870,8 +900,10 @@ pub(crate) struct Renamed {
     /// Its shape there: the source's, a 1×1 kernel's as a linear weight, a row part's, or
     /// transposed.
     pub shape: Vec<u64>,
-    /// For one of N row parts of the array: (which, N).
-    pub part: Option<(u64, u64)>,
+    /// The array's row ranges `[begin, end)` whose bytes, one after another, are the
+    /// tensor's; empty for the whole array (a split array's part is one range, a swapped
+    /// array two).
+    pub rows: Vec<(u64, u64)>,
     /// Whether its bytes are the array's transposed.
     pub transposed: bool,
 }
@@ -1030,7 +1062,10 @@ fn convert<'t>(
                     ));
                 }
                 Some(Mapped::Keys {
-                    keys: targets, op, ..
+                    keys: targets,
+                    op,
+                    rows: weights,
+                    ..
                 }) => {
                     let source = arrays[i];
                     let shape = match (op, source.shape) {
@@ -1051,31 +1086,23 @@ fn convert<'t>(
                         }
                         (_, other) => other.to_vec(),
                     };
-                    let parts = targets.len() as u64;
-                    let shape = match (parts, shape.split_first()) {
-                        (1, _) => shape,
-                        (n, Some((rows, rest))) if *rows % n == 0 => {
-                            [&[*rows / n][..], rest].concat()
-                        }
-                        (n, _) => {
-                            return Err(format!(
-                                "{} has shape {:?}, whose rows do not split in {n}",
-                                source.key, source.shape
-                            ))
-                        }
-                    };
-                    for (k, target) in targets.into_iter().enumerate() {
+                    let parts = row_parts(source, op, targets.len(), &weights)?;
+                    for (target, rows) in targets.into_iter().zip(parts) {
                         if let Some(other) = taken.insert(target.clone(), i) {
                             return Err(format!(
                                 "{} and {} would both be {}'s {target:?}",
                                 arrays[other].key, source.key, rule.name
                             ));
                         }
+                        let shape = match rows.as_slice() {
+                            [(begin, end)] => [&[end - begin][..], &shape[1..]].concat(),
+                            _ => shape.clone(),
+                        };
                         tensors.push(Renamed {
                             source: i,
                             key: target,
-                            shape: shape.clone(),
-                            part: (parts > 1).then_some((k as u64, parts)),
+                            shape,
+                            rows,
                             transposed: op == Op::Transpose,
                         });
                     }
@@ -1109,6 +1136,54 @@ fn convert<'t>(
     })
 }
 
+/// The row ranges of `source` each of `n` tensors is, in order (empty: the whole array): `n`
+/// parts in proportions `weights` (empty: equal), or for a swap the array's second half of
+/// rows, then its first.
+fn row_parts(
+    source: SourceKey<'_>,
+    op: Op,
+    n: usize,
+    weights: &[u64],
+) -> Result<Vec<Vec<(u64, u64)>>, String> {
+    let rows = source.shape.first().copied();
+    if op == Op::Swap {
+        return match rows {
+            Some(r) if r % 2 == 0 => Ok(vec![vec![(r / 2, r), (0, r / 2)]]),
+            _ => Err(format!(
+                "{} has shape {:?}, whose rows do not halve",
+                source.key, source.shape
+            )),
+        };
+    }
+    if n == 1 {
+        return Ok(vec![Vec::new()]);
+    }
+    let equal = vec![1; n];
+    let (weights, parts) = match weights {
+        [] => (&equal[..], format!("in {n}")),
+        w => (
+            w,
+            w.iter().map(u64::to_string).collect::<Vec<_>>().join(":"),
+        ),
+    };
+    let total: u64 = weights.iter().sum();
+    let Some(unit) = rows.filter(|r| r % total == 0).map(|r| r / total) else {
+        return Err(format!(
+            "{} has shape {:?}, whose rows do not split {parts}",
+            source.key, source.shape
+        ));
+    };
+    let mut begin = 0;
+    Ok(weights
+        .iter()
+        .map(|w| {
+            let part = (begin, begin + w * unit);
+            begin = part.1;
+            vec![part]
+        })
+        .collect())
+}
+
 /// Keys sorted, for asking whether one starts with a text.
 struct Prefixes<'a>(Vec<&'a str>);
 
@@ -1135,9 +1210,10 @@ pub(crate) struct FileArray {
     pub shape: Vec<u64>,
     /// The component whose tensors it is.
     pub component: String,
-    /// The tensors whose rows, one after another, are the array (one for most; OpenCLIP's
-    /// fused `in_proj_weight` is Diffusers' `q_proj`, `k_proj`, `v_proj`).
-    pub tensors: Vec<String>,
+    /// The tensors' rows that, one after another, are the array: one whole tensor for most;
+    /// OpenCLIP's fused `in_proj_weight` is Diffusers' `q_proj`, `k_proj`, `v_proj`; an
+    /// original adaLN projection is the second half of Diffusers' rows, then the first.
+    pub pieces: Vec<TensorRows>,
     /// Whether the array is its one tensor transposed.
     pub transposed: bool,
 }
@@ -1258,9 +1334,9 @@ pub(crate) fn reverse<'t>(
             let (target, op, with) = match table.map(keymap, key, &vars, &present) {
                 None => return Err(format!("{}: no rule takes {key}", rule.name)),
                 Some(Mapped::Kept) => continue,
-                Some(Mapped::Keys { mut keys, op, with }) if keys.len() == 1 => {
-                    (keys.remove(0), op, with)
-                }
+                Some(Mapped::Keys {
+                    mut keys, op, with, ..
+                }) if keys.len() == 1 => (keys.remove(0), op, with),
                 Some(Mapped::Keys { .. }) => {
                     return Err(format!("{}: a reverse rule splits {key}", rule.name))
                 }
@@ -1283,6 +1359,7 @@ pub(crate) fn reverse<'t>(
                 (Op::Same, [_, rest @ ..]) => [&[rows][..], rest].concat(),
                 (Op::Transpose, [n, m]) => vec![*m, *n],
                 (Op::Kernel, [n, m]) => vec![*n, *m, 1, 1],
+                (Op::Swap, s @ [r, ..]) if with.is_empty() && r % 2 == 0 => s.to_vec(),
                 (op, s) => {
                     return Err(format!(
                         "{}: {key} of shape {s:?} takes no {op:?}",
@@ -1290,11 +1367,23 @@ pub(crate) fn reverse<'t>(
                     ))
                 }
             };
+            let pieces = match op {
+                Op::Swap => {
+                    let half = rows / 2;
+                    [(half, rows), (0, half)]
+                        .map(|range| TensorRows::part(*key, range))
+                        .to_vec()
+                }
+                _ => std::iter::once(key.to_string())
+                    .chain(with)
+                    .map(TensorRows::whole)
+                    .collect(),
+            };
             arrays.push(FileArray {
                 key: format!("{}{target}", rule.prefix),
                 shape,
                 component: rule.name.clone(),
-                tensors: std::iter::once(key.to_string()).chain(with).collect(),
+                pieces,
                 transposed: op == Op::Transpose,
             });
         }
@@ -1304,10 +1393,10 @@ pub(crate) fn reverse<'t>(
 }
 
 /// That `arrays`, converted by `converter`, give back the header's components' tensors: each
-/// array its tensors (the same row parts, transposed or not, with their shapes), under their
-/// own keys or keys the component's reverse keymap takes to the same array (Transformers'
-/// two names of a CLIP text model's parameters, with and without `text_model.`), and no
-/// array left in the file's own component.
+/// array's row ranges the tensors its pieces say (transposed or not, with their shapes), under
+/// their own keys or keys the component's reverse keymap takes to the same array
+/// (Transformers' two names of a CLIP text model's parameters, with and without
+/// `text_model.`), and no array left in the file's own component.
 fn check_round_trip(
     table: &Table,
     converter: &Converter,
@@ -1333,7 +1422,8 @@ fn check_round_trip(
             arrays[i].key
         ));
     }
-    let mut parts: HashMap<usize, usize> = HashMap::new();
+    // Each array's rows as the conversion takes them: (array rows, tensor, tensor rows).
+    let mut taken: Vec<Vec<Span>> = vec![Vec::new(); arrays.len()];
     for converted in &back.components {
         let rule = converted.rule;
         let component = header
@@ -1358,15 +1448,15 @@ fn check_round_trip(
         };
         for r in &converted.tensors {
             let array = &arrays[r.source];
-            let part = r.part.map_or(0, |(k, _)| k as usize);
-            let tensor = array.tensors.get(part).map(String::as_str);
-            let named = tensor == Some(r.key.as_str())
-                || (array.tensors.len() == 1
-                    && written(&r.key).as_deref() == Some(array.key.as_str()));
-            let same = named
-                && array.component == rule.name
-                && tensor.and_then(|t| shapes.get(t)) == Some(&r.shape.as_slice())
-                && array.tensors.len() == r.part.map_or(1, |(_, n)| n as usize)
+            // A tensor the array holds under another of its names is that name's.
+            let key = match array.pieces.as_slice() {
+                [one] if one.tensor != r.key && written(&r.key).as_deref() == Some(&array.key) => {
+                    one.tensor.as_str()
+                }
+                _ => r.key.as_str(),
+            };
+            let same = array.component == rule.name
+                && shapes.get(key) == Some(&r.shape.as_slice())
                 && array.transposed == r.transposed;
             if !same {
                 return Err(format!(
@@ -1374,18 +1464,63 @@ fn check_round_trip(
                     array.key, rule.name, r.key
                 ));
             }
-            *parts.entry(r.source).or_default() += 1;
+            let whole = [(0, rows_of(&array.shape))];
+            let ranges = if r.rows.is_empty() {
+                &whole[..]
+            } else {
+                &r.rows
+            };
+            let mut at = 0;
+            for &(begin, end) in ranges {
+                taken[r.source].push((begin, end, key.to_owned(), at));
+                at += end - begin;
+            }
         }
     }
-    if let Some((i, a)) = arrays
-        .iter()
-        .enumerate()
-        .find(|(i, a)| parts.get(i).copied().unwrap_or(0) != a.tensors.len())
-    {
-        let _ = i;
-        return Err(format!("{} would not convert back to its tensors", a.key));
+    for (a, mut taken) in arrays.iter().zip(taken) {
+        let mut pieces = Vec::with_capacity(a.pieces.len());
+        let mut at = 0;
+        for p in &a.pieces {
+            let tensor_rows = header
+                .component(&a.component)
+                .and_then(|c| c.tensors.iter().find(|t| t.key == p.tensor))
+                .map(|t| rows_of(&t.shape));
+            let (begin, end) = match a.transposed {
+                true => (0, rows_of(&a.shape)),
+                false => p.rows.or(tensor_rows.map(|r| (0, r))).unwrap_or((0, 0)),
+            };
+            pieces.push((at, at + end - begin, p.tensor.clone(), begin));
+            at += end - begin;
+        }
+        taken.sort();
+        if merged(taken) != merged(pieces) {
+            return Err(format!("{} would not convert back to its tensors", a.key));
+        }
     }
     Ok(())
+}
+
+/// Rows of an array: `[begin, end)` in the array, the tensor, and where in the tensor's rows
+/// they begin.
+type Span = (u64, u64, String, u64);
+
+/// `spans`, in array order, with runs that continue one another in array and tensor joined.
+fn merged(spans: Vec<Span>) -> Vec<Span> {
+    let mut out: Vec<Span> = Vec::with_capacity(spans.len());
+    for s in spans {
+        match out.last_mut() {
+            Some(last) if last.1 == s.0 && last.2 == s.2 && last.3 + (last.1 - last.0) == s.3 => {
+                last.1 = s.1;
+            }
+            _ => out.push(s),
+        }
+    }
+    out
+}
+
+/// Rows of a tensor of `shape`: its first extent (1 for a scalar).
+fn rows_of(shape: &[u64]) -> u64 {
+    shape.first().copied().unwrap_or(1)
 }
 
 #[cfg(test)]

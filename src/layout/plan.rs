@@ -93,7 +93,23 @@ impl<'h> PlanBuilder<'h> {
 
     /// Appends the bytes at `location` after everything so far.
     pub(crate) fn push(&mut self, location: Location) {
+        self.push_range(location, 0, location.length);
+    }
+
+    /// Appends `length` bytes of those at `location`, from its byte `skip` on, after
+    /// everything so far. Assumes the range lies in the location.
+    pub(crate) fn push_range(&mut self, location: Location, mut skip: u64, mut left: u64) {
         for (chunk, chunk_offset, length) in self.header.pieces(location) {
+            if skip >= length {
+                skip -= length;
+                continue;
+            }
+            let (chunk_offset, length) = (chunk_offset + skip, (length - skip).min(left));
+            skip = 0;
+            left -= length;
+            if length == 0 {
+                break;
+            }
             // Adjacent ranges of one chunk read as one.
             if let Some(last) = self.segments.last_mut() {
                 if let Source::Chunk { chunk: c, offset } = last.source {

@@ -99,15 +99,43 @@ pub enum ArraySource {
         /// Whether the array is the tensor transposed.
         transposed: bool,
     },
-    /// Plain tensors `tensors` of component `component`, one after another: a single file's
+    /// Rows of plain tensors of component `component`, one after another: a single file's
     /// fused array (OpenCLIP's `in_proj_weight`) that the import stored as its row parts
-    /// (Diffusers' `q_proj`, `k_proj`, `v_proj`).
+    /// (Diffusers' `q_proj`, `k_proj`, `v_proj`), or an array whose halves Diffusers holds in
+    /// the other order (an original adaLN projection's shift and scale).
     Rows {
         /// The component's name.
         component: String,
-        /// The parts' keys, in row order.
-        tensors: Vec<String>,
+        /// The pieces, in the array's row order.
+        tensors: Vec<TensorRows>,
     },
+}
+
+/// Rows of one plain tensor, a piece of an array ([`ArraySource::Rows`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TensorRows {
+    /// The tensor's key.
+    pub tensor: String,
+    /// Rows `[begin, end)` of its first dimension; `None`: all of them.
+    pub rows: Option<(u64, u64)>,
+}
+
+impl TensorRows {
+    /// All of tensor `tensor`.
+    pub fn whole(tensor: impl Into<String>) -> TensorRows {
+        TensorRows {
+            tensor: tensor.into(),
+            rows: None,
+        }
+    }
+
+    /// Rows `[begin, end)` of tensor `tensor`.
+    pub fn part(tensor: impl Into<String>, (begin, end): (u64, u64)) -> TensorRows {
+        TensorRows {
+            tensor: tensor.into(),
+            rows: Some((begin, end)),
+        }
+    }
 }
 
 /// The recipe: source files by path in the lane folder.
@@ -328,11 +356,26 @@ fn push_arrays(fields: &mut Vec<(String, Value)>, arrays: &BTreeMap<String, Arra
                 }
                 Value::map(fields)
             }
+            // A whole tensor is its key; rows of one `{tensor, rows: [begin, end]}`.
             ArraySource::Rows { component, tensors } => Value::map([
                 ("component".to_owned(), text(component)),
                 (
                     "rows".to_owned(),
-                    Value::Array(tensors.iter().map(|t| text(t)).collect()),
+                    Value::Array(
+                        tensors
+                            .iter()
+                            .map(|t| match t.rows {
+                                None => text(&t.tensor),
+                                Some((begin, end)) => Value::map([
+                                    ("tensor".to_owned(), text(&t.tensor)),
+                                    (
+                                        "rows".to_owned(),
+                                        Value::Array(vec![Value::Uint(begin), Value::Uint(end)]),
+                                    ),
+                                ]),
+                            })
+                            .collect(),
+                    ),
                 ),
             ]),
         };
@@ -390,7 +433,7 @@ fn arrays_of(
                 };
                 let tensors = rows
                     .iter()
-                    .map(|r| r.as_text().map(str::to_owned))
+                    .map(tensor_rows)
                     .collect::<Option<Vec<_>>>()
                     .filter(|t| !t.is_empty())
                     .ok_or_else(bad)?;
@@ -401,6 +444,28 @@ fn arrays_of(
         arrays.insert(name.clone(), source);
     }
     Ok(arrays)
+}
+
+/// A piece of a recorded `rows` array: a key, or `{tensor, rows: [begin, end]}` with
+/// `begin < end`.
+fn tensor_rows(value: &Value) -> Option<TensorRows> {
+    if let Some(key) = value.as_text() {
+        return Some(TensorRows::whole(key));
+    }
+    let Value::Map(fields) = value else {
+        return None;
+    };
+    let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v);
+    let tensor = get("tensor")?.as_text()?;
+    let Some(Value::Array(range)) = get("rows") else {
+        return None;
+    };
+    match range.as_slice() {
+        [Value::Uint(begin), Value::Uint(end)] if begin < end && fields.len() == 2 => {
+            Some(TensorRows::part(tensor, (*begin, *end)))
+        }
+        _ => None,
+    }
 }
 
 /// Whose a recorded text file is: `model_index.json` the pipeline's, a file in a component's
@@ -525,7 +590,7 @@ fn plan(
                 tensors,
             }) => {
                 let mut total = 0;
-                for tensor in tensors {
+                for TensorRows { tensor, rows } in tensors {
                     let (_, _, t) = indexes.find(other, tensor).ok_or_else(|| {
                         format!(
                             "array {:?} holds {other}'s {tensor:?}, which it lacks",
@@ -541,8 +606,23 @@ fn plan(
                             info.name, info.dtype, t.dtype
                         ));
                     }
-                    total += location.length;
-                    builder.push(location);
+                    let (skip, length) = match *rows {
+                        None => (0, location.length),
+                        Some((begin, end)) => {
+                            let count = t.shape.first().copied().unwrap_or(1);
+                            if end > count || location.length % count != 0 {
+                                return Err(format!(
+                                    "array {:?} holds rows {begin}..{end} of {other}'s \
+                                     {tensor:?}, which has {count}",
+                                    info.name
+                                ));
+                            }
+                            let row = location.length / count;
+                            (begin * row, (end - begin) * row)
+                        }
+                    };
+                    total += length;
+                    builder.push_range(location, skip, length);
                 }
                 if total != length {
                     return Err(format!(

@@ -23,6 +23,27 @@ impl ObjectSource for Memory {
 
 /// A model of two tensors whose second spans two chunks, laid out canonically.
 fn model() -> (Memory, LaneView, Vec<u8>) {
+    let (memory, header, a, b) = two_tensors();
+    let tree = Tree {
+        lane: Some("u8".into()),
+        files: BTreeMap::from([("model.cozytensors".to_owned(), ObjectRef::of(b"header"))]),
+    };
+    let view = LaneView::build(&ObjectRef::of(b"commit"), &tree, &header).unwrap();
+    let file = view.file("model.safetensors").expect("the weights file");
+    let mut expected = vec![0u8; file.content.size() as usize];
+    file.content.read_at(&memory, 0, &mut expected).unwrap();
+    let mut tail = a.clone();
+    tail.extend_from_slice(&b);
+    assert!(
+        expected.ends_with(&tail),
+        "tensors follow the header in safetensors order"
+    );
+    (memory, view, expected)
+}
+
+/// Component `model` of U8 tensors `a` (16 bytes) and `b` (40 bytes, spanning two chunks),
+/// the chunks in memory, and the tensors' bytes.
+fn two_tensors() -> (Memory, Header, Vec<u8>, Vec<u8>) {
     let a: Vec<u8> = (0..16u8).collect();
     let b: Vec<u8> = (0..40u32).map(|i| (i * 7) as u8).collect();
     // chunk 0: a at 0, b's first 24 bytes at 4096; chunk 1: b's last 16 bytes.
@@ -71,23 +92,105 @@ fn model() -> (Memory, LaneView, Vec<u8>) {
         }],
         metadata: BTreeMap::new(),
     };
+    let objects = HashMap::from([(chunks[0], chunk0), (chunks[1], chunk1)]);
+    (Memory { objects }, header, a, b)
+}
+
+#[test]
+fn an_array_of_a_tensors_rows_in_another_order_reads_them_across_chunks() {
+    use super::recipe::{ArraySource, SourceFile, SourceFiles, TensorRows, SOURCE_FILES};
+    let (memory, mut header, _, b) = two_tensors();
+    // An original adaLN projection: the second part of b's rows (all in chunk 1, past the
+    // 24 bytes in chunk 0), then the first (across the chunk boundary).
+    let json = r#"{"ba":{"dtype":"U8","shape":[40],"data_offsets":[0,40]}}"#;
+    let rows = vec![
+        TensorRows::part("b", (30, 40)),
+        TensorRows::part("b", (0, 30)),
+    ];
+    let recipe = SourceFiles(BTreeMap::from([(
+        "original.safetensors".to_owned(),
+        SourceFile::Safetensors {
+            component: "model".into(),
+            header: json.into(),
+            arrays: BTreeMap::from([(
+                "ba".to_owned(),
+                ArraySource::Rows {
+                    component: "model".into(),
+                    tensors: rows,
+                },
+            )]),
+        },
+    )]));
+    header
+        .metadata
+        .insert(SOURCE_FILES.into(), recipe.to_value());
+    assert_eq!(SourceFiles::of(&header).unwrap().as_ref(), Some(&recipe));
     let tree = Tree {
         lane: Some("u8".into()),
         files: BTreeMap::from([("model.cozytensors".to_owned(), ObjectRef::of(b"header"))]),
     };
     let view = LaneView::build(&ObjectRef::of(b"commit"), &tree, &header).unwrap();
-    let objects = HashMap::from([(chunks[0], chunk0), (chunks[1], chunk1)]);
-    let memory = Memory { objects };
-    let file = view.file("model.safetensors").expect("the weights file");
-    let mut expected = vec![0u8; file.content.size() as usize];
-    file.content.read_at(&memory, 0, &mut expected).unwrap();
-    let mut tail = a.clone();
-    tail.extend_from_slice(&b);
-    assert!(
-        expected.ends_with(&tail),
-        "tensors follow the header in safetensors order"
-    );
-    (memory, view, expected)
+    let file = view
+        .file("original.safetensors")
+        .expect("the recorded file");
+    let mut got = vec![0u8; file.content.size() as usize];
+    file.content.read_at(&memory, 0, &mut got).unwrap();
+    let mut want = (json.len() as u64).to_le_bytes().to_vec();
+    want.extend_from_slice(json.as_bytes());
+    want.extend_from_slice(&b[30..]);
+    want.extend_from_slice(&b[..30]);
+    assert_eq!(got, want);
+
+    // Rows past the tensor's, or none, are a malformed recipe.
+    let mut bad = header.clone();
+    let text = |s: &str| crate::format::Value::Text(s.into());
+    let piece = |range: [u64; 2]| {
+        crate::format::Value::map([
+            ("tensor".to_owned(), text("b")),
+            (
+                "rows".to_owned(),
+                crate::format::Value::Array(range.map(crate::format::Value::Uint).to_vec()),
+            ),
+        ])
+    };
+    for range in [[5, 5], [9, 3]] {
+        let value = crate::format::Value::map([(
+            "original.safetensors".to_owned(),
+            crate::format::Value::map([
+                ("component".to_owned(), text("model")),
+                ("header".to_owned(), text(json)),
+                (
+                    "arrays".to_owned(),
+                    crate::format::Value::map([(
+                        "ba".to_owned(),
+                        crate::format::Value::map([
+                            ("component".to_owned(), text("model")),
+                            (
+                                "rows".to_owned(),
+                                crate::format::Value::Array(vec![piece(range)]),
+                            ),
+                        ]),
+                    )]),
+                ),
+            ]),
+        )]);
+        bad.metadata.insert(SOURCE_FILES.into(), value);
+        assert!(SourceFiles::of(&bad).is_err(), "rows {range:?}");
+    }
+    let mut past = header.clone();
+    let mut short = recipe.clone();
+    if let Some(SourceFile::Safetensors { arrays, .. }) = short.0.get_mut("original.safetensors") {
+        arrays.insert(
+            "ba".into(),
+            ArraySource::Rows {
+                component: "model".into(),
+                tensors: vec![TensorRows::part("b", (30, 41))],
+            },
+        );
+    }
+    past.metadata.insert(SOURCE_FILES.into(), short.to_value());
+    let err = LaneView::build(&ObjectRef::of(b"commit"), &tree, &past).unwrap_err();
+    assert!(err.to_string().contains("rows 30..41"), "{err}");
 }
 
 #[test]

@@ -33,7 +33,17 @@
    alone (ComfyUI's text_encoders: a CLIP-L without projection, a CLIP-G with one, in
    Transformers' layout): recognised by width and projection, and `<lane>@diffusers` loads with
    Transformers' from_pretrained of the class, equal to the model written, quick-GELU or GELU.
-5. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
+5. Transformers alone (ComfyUI's diffusion_models): a small FLUX.1 transformer (BF16, guidance
+   embedding, under `model.diffusion_model.`) and a small SD3.5-like MMDiT (q/k norms, a
+   dual-attention block, bare keys), written in the original layout by tiny_dit.py, which
+   diffusers' own conversion reads back as the model. Each imports as its converter, adding at
+   most 2 % to a store holding its Diffusers folder; mounted, the file is re-created byte for
+   byte (fused q/k/v and q/k/v/MLP projections through their row parts, the shift-first adaLN
+   halves through the Diffusers tensor's halves in the other order) and shown in
+   `@comfyui/diffusion_models`, diffusers' conversion of the mounted file gives the model, and
+   `<lane>@diffusers` loads with the class's from_pretrained: every tensor, the derived config
+   and one forward pass equal the model's.
+6. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
    single file, the imported one and the `<lane>@single` face, from the store's blobs (a fused
    q/k/v array through its three tensors' bytes in turn), equal to safetensors' reading of the
    file; only the transposed `text_projection` comes through the file.
@@ -53,6 +63,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import e2e_common as common  # noqa: E402
+import tiny_dit  # noqa: E402
 from tiny_sd import bytes_to_unicode  # noqa: E402
 
 common.go_offline()
@@ -571,6 +582,15 @@ def write_unet_alone(family, path):
     return unet.eval()
 
 
+def config_diff(ours, theirs, keys):
+    """The values of `keys` that differ between two Diffusers configs, as (ours, theirs)."""
+    def get(config, key):
+        value = config[key]
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+    return {k: (get(ours, k), get(theirs, k)) for k in keys if get(ours, k) != get(theirs, k)}
+
+
 def check_unet_alone(report, mnt, family, unet, file, lane):
     from diffusers import UNet2DConditionModel
 
@@ -587,13 +607,7 @@ def check_unet_alone(report, mnt, family, unet, file, lane):
     keys = ["cross_attention_dim", "attention_head_dim", "block_out_channels", "layers_per_block",
             "down_block_types", "up_block_types", "use_linear_projection", "transformer_layers_per_block",
             "addition_embed_type", "projection_class_embeddings_input_dim"]
-
-    def get(config, key):
-        value = config[key]
-        return list(value) if isinstance(value, (list, tuple)) else value
-
-    diff = {k: (get(loaded.config, k), get(unet.config, k)) for k in keys
-            if get(loaded.config, k) != get(unet.config, k)}
+    diff = config_diff(loaded.config, unet.config, keys)
     report.check(not diff, f"{family} UNet alone: the derived config equals the UNet's", str(diff))
     mounted = base / lane / file.name
     if UNETS_ALONE[family][1]:
@@ -677,6 +691,73 @@ def check_t5_alone(report, mnt, model, lane):
     with torch.no_grad():
         same = torch.equal(model(ids).last_hidden_state, loaded(ids).last_hidden_state)
     report.check(same, "t5 alone: the same encoding as the model written")
+
+
+TRANSFORMERS_ALONE = {
+    # kind: (converter, class, whether the file's keys carry model.diffusion_model., the config
+    # values read off the weights)
+    "flux": ("flux_transformer.single_file", "FluxTransformer2DModel", True,
+             ["in_channels", "num_layers", "num_single_layers", "attention_head_dim", "num_attention_heads",
+              "joint_attention_dim", "pooled_projection_dim", "guidance_embeds", "patch_size", "axes_dims_rope"]),
+    "sd3": ("sd3_transformer.single_file", "SD3Transformer2DModel", False,
+            ["patch_size", "in_channels", "out_channels", "num_layers", "attention_head_dim", "num_attention_heads",
+             "joint_attention_dim", "caption_projection_dim", "pooled_projection_dim", "pos_embed_max_size",
+             "dual_attention_layers", "qk_norm"]),
+}
+
+
+def write_transformer_alone(report, kind, folder, path):
+    """A small transformer of `kind`, saved as a Diffusers folder and as its original single
+    file, which diffusers' own conversion must read back as the model; returns the model."""
+    from safetensors.torch import load_file, save_file
+
+    _, _, prefixed, _ = TRANSFORMERS_ALONE[kind]
+    model = tiny_dit.build(kind, seed=11)
+    model.save_pretrained(str(folder))
+    original = tiny_dit.flux_original(model) if kind == "flux" else tiny_dit.sd3_original(model)
+    prefix = "model.diffusion_model." if prefixed else ""
+    save_file({prefix + k: v.contiguous() for k, v in original.items()}, str(path))
+    width = model.config.num_attention_heads * model.config.attention_head_dim
+    read = tiny_dit.diffusers_reading(kind, load_file(str(path)), width)
+    bad = same_tensors({"m": model.state_dict()}, {"m": read})
+    report.check(not bad, f"{kind} alone: diffusers' conversion reads the written file as the model",
+                 ", ".join(bad[:5]))
+    return model
+
+
+def check_transformer_alone(report, mnt, kind, model, file, lane):
+    import diffusers
+    import torch
+    from safetensors.torch import load_file
+
+    _, cls, _, derived = TRANSFORMERS_ALONE[kind]
+    base = mnt / "local" / f"{kind}-alone" / "latest"
+    mounted = base / lane / file.name
+    report.check(common.sha256_file(mounted) == common.sha256_file(file),
+                 f"{kind} alone: the file is re-created byte for byte")
+    shown = [p for p in (mnt / "@comfyui" / "diffusion_models").rglob("*.safetensors") if f"{kind}-alone" in str(p)]
+    report.check(len(shown) == 1, f"{kind} alone: @comfyui/diffusion_models shows the file", str(shown))
+    width = model.config.num_attention_heads * model.config.attention_head_dim
+    read = tiny_dit.diffusers_reading(kind, load_file(str(mounted)), width)
+    bad = same_tensors({"m": model.state_dict()}, {"m": read})
+    report.check(not bad, f"{kind} alone: diffusers' conversion of the mounted file gives the model",
+                 ", ".join(bad[:5]))
+    face = base / f"{lane}@diffusers"
+    listed = sorted(p.name for p in face.iterdir()) if face.is_dir() else []
+    report.check(listed == ["config.json", "diffusion_pytorch_model.safetensors"],
+                 f"{kind} alone: its @diffusers face is a model folder", str(listed))
+    # In the dtype it was written in, as FLUX.1's users load it (bfloat16), not float32.
+    dtype = next(model.parameters()).dtype
+    loaded = getattr(diffusers, cls).from_pretrained(str(face), local_files_only=True, torch_dtype=dtype).eval()
+    bad = same_tensors({"m": model.state_dict()}, {"m": loaded.state_dict()})
+    report.check(not bad, f"{kind} alone: {cls}.from_pretrained(@diffusers) equals the model written",
+                 ", ".join(bad[:5]))
+    diff = config_diff(loaded.config, model.config, derived)
+    report.check(not diff, f"{kind} alone: the derived config equals the model's", str(diff))
+    a, b = tiny_dit.forward(model), tiny_dit.forward(loaded)
+    report.check(torch.equal(a, b), f"{kind} alone: one forward pass from @diffusers equals the model's",
+                 f"max |Δ| {float((a.float() - b.float()).abs().max()):.3g}")
+    check_cozytensors(report, f"{kind} alone", mounted, "the imported file")
 
 
 def torch_equal(a, b):
@@ -778,6 +859,19 @@ def main():
     report.check(converted.get("converter") == "t5.single_file" and not said.get("warnings"),
                  "t5 alone: recognised as t5.single_file", f"{converted}; warnings: {said.get('warnings')}")
     t5_lane = said["lanes"][0]["lane"]
+    transformers_alone = {}
+    for kind, (converter, _, _, _) in TRANSFORMERS_ALONE.items():
+        folder, file = work / f"{kind}-transformer", work / f"{kind}_alone.safetensors"
+        model = write_transformer_alone(report, kind, folder, file)
+        tensorfs("import", folder, "--name", f"local/{kind}-transformer", "--json")
+        said = json.loads(tensorfs("import", file, "--name", f"local/{kind}-alone", "--json"))
+        converted = said["lanes"][0].get("single_file") or {}
+        report.check(converted.get("converter") == converter and not said.get("warnings"),
+                     f"{kind} alone: recognised as {converter}", f"{converted}; warnings: {said.get('warnings')}")
+        added = said["new_bytes"] / file.stat().st_size
+        report.check(added <= 0.02, f"{kind} alone: the file adds at most 2 % to its Diffusers folder's store",
+                     f"{said['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")
+        transformers_alone[kind] = (model, file, said["lanes"][0]["lane"])
 
     mnt = work / "mnt"
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
@@ -789,6 +883,8 @@ def main():
         for name, (model, lane) in encoders.items():
             check_text_encoder_alone(report, mnt, name, model, lane)
         check_t5_alone(report, mnt, t5, t5_lane)
+        for kind, (model, file, lane) in transformers_alone.items():
+            check_transformer_alone(report, mnt, kind, model, file, lane)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
 
 

@@ -383,7 +383,7 @@ mod arbitrary {
                 let mut seen = BTreeSet::new();
                 for item in &items {
                     let arrays: Vec<usize> = match item {
-                        Item::Plain(i) | Item::Marker(i) | Item::Transposed(i, _) => vec![*i],
+                        Item::Plain(i) | Item::Marker(i) | Item::Computed(i, _) => vec![*i],
                         Item::Encoded(e) => e.parts.iter().filter_map(|p| match p.source {
                             PartSource::Array(i) => Some(i),
                             PartSource::Bytes(_) => None,

@@ -114,6 +114,8 @@ pub(crate) fn config(
             clip_text(&shapes, directive("head_width"), dtype)?
         }
         "T5EncoderModel" => t5_encoder(&shapes, dtype)?,
+        "FluxTransformer2DModel" => flux_transformer(&shapes, &defaults)?,
+        "SD3Transformer2DModel" => sd3_transformer(&shapes, directive("head_width"))?,
         other => return Err(format!("no config is derived for class {other}")),
     };
     for (k, v) in marked {
@@ -452,6 +454,238 @@ fn t5_encoder(s: &Shapes<'_>, dtype: &str) -> Result<Map<String, Value>, String>
         config.insert("torch_dtype".into(), json!(torch));
     }
     Ok(config)
+}
+
+/// The linear layers of every joint-attention block (FLUX.1's double blocks, SD3's joint
+/// blocks), as Diffusers names them: both streams' modulation, queries, keys and values, the
+/// image stream's output projection and MLP.
+const JOINT_BLOCK: [&str; 11] = [
+    "norm1.linear",
+    "norm1_context.linear",
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_out.0",
+    "ff.net.0.proj",
+    "ff.net.2",
+];
+
+/// A joint block's context-stream layers after attention, in every block where that stream
+/// goes on (all of FLUX.1's; all but SD3's last).
+const CONTEXT_GOES_ON: [&str; 3] = [
+    "attn.to_add_out",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+];
+
+/// A joint block's q/k norms (FLUX.1's always, SD3.5's).
+const JOINT_NORMS: [&str; 4] = [
+    "attn.norm_q",
+    "attn.norm_k",
+    "attn.norm_added_q",
+    "attn.norm_added_k",
+];
+
+/// A FLUX.1 transformer's config (`FluxTransformer2DModel`): widths, depths and whether it
+/// embeds guidance (dev) or not (schnell), read off the weights, which must be exactly the
+/// class's. The head width is the q/k norms'; the rotary axes, which weights cannot tell, are
+/// the family's and must add up to it.
+fn flux_transformer(s: &Shapes<'_>, family: &Value) -> Result<Map<String, Value>, String> {
+    let hidden = s.dim("x_embedder.weight", 2, 0)?;
+    let head = s.dim("transformer_blocks.0.attn.norm_q.weight", 1, 0)?;
+    if hidden % head != 0 {
+        return Err(format!("{hidden} channels are not heads {head} wide"));
+    }
+    let axes: Vec<u64> = family
+        .get("axes_dims_rope")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    if axes.iter().sum::<u64>() != head {
+        return Err(format!(
+            "its heads are {head} wide, which the family's rotary axes {axes:?} do not fill"
+        ));
+    }
+    let (double, single) = (
+        s.count("transformer_blocks."),
+        s.count("single_transformer_blocks."),
+    );
+    let guidance = s.has("time_text_embed.guidance_embedder.linear_1.weight");
+    let mut linears = vec![
+        "time_text_embed.timestep_embedder.linear_1".to_owned(),
+        "time_text_embed.timestep_embedder.linear_2".into(),
+        "time_text_embed.text_embedder.linear_1".into(),
+        "time_text_embed.text_embedder.linear_2".into(),
+        "context_embedder".into(),
+        "x_embedder".into(),
+        "proj_out".into(),
+        "norm_out.linear".into(),
+    ];
+    if guidance {
+        linears.push("time_text_embed.guidance_embedder.linear_1".into());
+        linears.push("time_text_embed.guidance_embedder.linear_2".into());
+    }
+    let mut norms = Vec::new();
+    for b in 0..double {
+        let block = format!("transformer_blocks.{b}");
+        for l in JOINT_BLOCK.iter().chain(&CONTEXT_GOES_ON) {
+            linears.push(format!("{block}.{l}"));
+        }
+        for n in JOINT_NORMS {
+            norms.push(format!("{block}.{n}.weight"));
+        }
+    }
+    for b in 0..single {
+        let block = format!("single_transformer_blocks.{b}");
+        for l in [
+            "norm.linear",
+            "attn.to_q",
+            "attn.to_k",
+            "attn.to_v",
+            "proj_mlp",
+            "proj_out",
+        ] {
+            linears.push(format!("{block}.{l}"));
+        }
+        for n in ["norm_q", "norm_k"] {
+            norms.push(format!("{block}.attn.{n}.weight"));
+        }
+        // The fused projection splits 1:1:1:4 only when its MLP is four times as wide as the
+        // attention, as the class's is: then the query is square.
+        let query = s.dim(&format!("{block}.attn.to_q.weight"), 2, 0)?;
+        if query != hidden {
+            return Err(format!(
+                "single block {b}'s fused projection is no q/k/v of {hidden} channels and an MLP                  four times as wide"
+            ));
+        }
+    }
+    exactly(s, &linears, norms, "FluxTransformer2DModel")?;
+    Ok(object(json!({
+        "in_channels": s.dim("x_embedder.weight", 2, 1)?,
+        "out_channels": s.dim("proj_out.weight", 2, 0)?,
+        "num_layers": double,
+        "num_single_layers": single,
+        "attention_head_dim": head,
+        "num_attention_heads": hidden / head,
+        "joint_attention_dim": s.dim("context_embedder.weight", 2, 1)?,
+        "pooled_projection_dim": s.dim("time_text_embed.text_embedder.linear_1.weight", 2, 1)?,
+        "guidance_embeds": guidance,
+    })))
+}
+
+/// An SD3 or SD3.5 MMDiT's config (`SD3Transformer2DModel`): patch, widths, depth, position
+/// grid, which blocks have a second attention (SD3.5 medium) and whether attention
+/// normalises q and k (SD3.5), read off the weights, which must be exactly the class's. The
+/// head width is the q/k norms' when there are some, else the family's `head_width`.
+fn sd3_transformer(s: &Shapes<'_>, head_width: Option<u64>) -> Result<Map<String, Value>, String> {
+    let hidden = s.dim("pos_embed.proj.weight", 4, 0)?;
+    let patch = s.dim("pos_embed.proj.weight", 4, 2)?;
+    let layers = s.count("transformer_blocks.");
+    let qk_norm = s.has("transformer_blocks.0.attn.norm_q.weight");
+    let head = match (qk_norm, head_width) {
+        (true, _) => s.dim("transformer_blocks.0.attn.norm_q.weight", 1, 0)?,
+        (false, Some(w)) => w,
+        (false, None) => return Err("the family gives no head_width".into()),
+    };
+    if hidden % head != 0 {
+        return Err(format!("{hidden} channels are not heads {head} wide"));
+    }
+    let positions = s.dim("pos_embed.pos_embed", 3, 1)?;
+    let grid = (positions as f64).sqrt().round() as u64;
+    if grid * grid != positions {
+        return Err(format!("its {positions} positions are no square grid"));
+    }
+    let out = s.dim("proj_out.weight", 2, 0)?;
+    if out % (patch * patch) != 0 {
+        return Err(format!("its {out} outputs are no {patch}×{patch} patches"));
+    }
+    let dual: Vec<u64> = (0..layers)
+        .filter(|b| s.has(&format!("transformer_blocks.{b}.attn2.to_q.weight")))
+        .collect();
+    let mut linears = vec![
+        "pos_embed.proj".to_owned(),
+        "time_text_embed.timestep_embedder.linear_1".into(),
+        "time_text_embed.timestep_embedder.linear_2".into(),
+        "time_text_embed.text_embedder.linear_1".into(),
+        "time_text_embed.text_embedder.linear_2".into(),
+        "context_embedder".into(),
+        "proj_out".into(),
+        "norm_out.linear".into(),
+    ];
+    let mut norms = vec!["pos_embed.pos_embed".to_owned()];
+    for b in 0..layers {
+        let block = format!("transformer_blocks.{b}");
+        let mut own = JOINT_BLOCK.to_vec();
+        let mut normed = JOINT_NORMS.to_vec();
+        // The last block's context stream ends in it: no output projection, no MLP.
+        if b + 1 < layers {
+            own.extend(CONTEXT_GOES_ON);
+        }
+        if dual.contains(&b) {
+            own.extend(["attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]);
+            normed.extend(["attn2.norm_q", "attn2.norm_k"]);
+        }
+        linears.extend(own.iter().map(|l| format!("{block}.{l}")));
+        if qk_norm {
+            norms.extend(normed.iter().map(|n| format!("{block}.{n}.weight")));
+        }
+    }
+    exactly(s, &linears, norms, "SD3Transformer2DModel")?;
+    Ok(object(json!({
+        "patch_size": patch,
+        "in_channels": s.dim("pos_embed.proj.weight", 4, 1)?,
+        "out_channels": out / (patch * patch),
+        "num_layers": layers,
+        "attention_head_dim": head,
+        "num_attention_heads": hidden / head,
+        "joint_attention_dim": s.dim("context_embedder.weight", 2, 1)?,
+        "caption_projection_dim": s.dim("context_embedder.weight", 2, 0)?,
+        "pooled_projection_dim": s.dim("time_text_embed.text_embedder.linear_1.weight", 2, 1)?,
+        "pos_embed_max_size": grid,
+        "dual_attention_layers": dual,
+        "qk_norm": if qk_norm { Some("rms_norm") } else { None },
+    })))
+}
+
+/// The fields of a JSON object (`json!({…})`).
+fn object(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(fields) => fields,
+        _ => Map::new(),
+    }
+}
+
+/// That the tensors are exactly the `.weight` and `.bias` of each of `linears` and each of
+/// `others`: Diffusers makes up a tensor a file lacks, and drops one the class has no place
+/// for, so either would load another model than the file's.
+fn exactly(
+    s: &Shapes<'_>,
+    linears: &[String],
+    others: Vec<String>,
+    class: &str,
+) -> Result<(), String> {
+    let mut want: BTreeSet<String> = others.into_iter().collect();
+    for l in linears {
+        want.insert(format!("{l}.weight"));
+        want.insert(format!("{l}.bias"));
+    }
+    if let Some(missing) = want.iter().find(|k| !s.has(k)) {
+        return Err(format!("it has no tensor {missing}"));
+    }
+    let mut extra: Vec<&str> = s
+        .by_key
+        .keys()
+        .copied()
+        .filter(|k| !want.contains(*k))
+        .collect();
+    extra.sort_unstable();
+    match extra.first() {
+        None => Ok(()),
+        Some(k) => Err(format!("its tensor {k} has no place in {class}")),
+    }
 }
 
 /// PyTorch's name of a safetensors dtype, as configs record it.

@@ -72,7 +72,7 @@ fn a_text_encoder_with_projection_needs_its_projection() {
         source: 0,
         key: key.to_owned(),
         shape: shape.to_vec(),
-        part: None,
+        rows: vec![],
         transposed: false,
     };
     let mut tensors = vec![
@@ -111,4 +111,131 @@ fn a_text_encoder_with_projection_needs_its_projection() {
     )
     .unwrap_err();
     assert!(err.contains("no encoder layers"), "{err}");
+}
+
+/// A FLUX.1 transformer's tensors (Diffusers keys) of `heads` heads `head` wide, one double
+/// and one single block, with guidance.
+fn flux_tensors(heads: u64, head: u64) -> Vec<crate::layout::convert::Renamed> {
+    let h = heads * head;
+    let mut shapes: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut linear = |name: &str, rows: u64, cols: u64| {
+        shapes.push((format!("{name}.weight"), vec![rows, cols]));
+        shapes.push((format!("{name}.bias"), vec![rows]));
+    };
+    for e in ["timestep", "guidance"] {
+        linear(&format!("time_text_embed.{e}_embedder.linear_1"), h, 256);
+        linear(&format!("time_text_embed.{e}_embedder.linear_2"), h, h);
+    }
+    linear("time_text_embed.text_embedder.linear_1", h, 24);
+    linear("time_text_embed.text_embedder.linear_2", h, h);
+    linear("context_embedder", h, 32);
+    linear("x_embedder", h, 16);
+    linear("proj_out", 16, h);
+    linear("norm_out.linear", 2 * h, h);
+    let b = "transformer_blocks.0";
+    linear(&format!("{b}.norm1.linear"), 6 * h, h);
+    linear(&format!("{b}.norm1_context.linear"), 6 * h, h);
+    for l in [
+        "to_q",
+        "to_k",
+        "to_v",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_out.0",
+    ] {
+        linear(&format!("{b}.attn.{l}"), h, h);
+    }
+    linear(&format!("{b}.attn.to_add_out"), h, h);
+    for ff in ["ff", "ff_context"] {
+        linear(&format!("{b}.{ff}.net.0.proj"), 4 * h, h);
+        linear(&format!("{b}.{ff}.net.2"), h, 4 * h);
+    }
+    let s = "single_transformer_blocks.0";
+    linear(&format!("{s}.norm.linear"), 3 * h, h);
+    for l in ["to_q", "to_k", "to_v"] {
+        linear(&format!("{s}.attn.{l}"), h, h);
+    }
+    linear(&format!("{s}.proj_mlp"), 4 * h, h);
+    linear(&format!("{s}.proj_out"), h, 5 * h);
+    for n in ["norm_q", "norm_k", "norm_added_q", "norm_added_k"] {
+        shapes.push((format!("{b}.attn.{n}.weight"), vec![head]));
+    }
+    for n in ["norm_q", "norm_k"] {
+        shapes.push((format!("{s}.attn.{n}.weight"), vec![head]));
+    }
+    shapes
+        .into_iter()
+        .map(|(key, shape)| crate::layout::convert::Renamed {
+            source: 0,
+            key,
+            shape,
+            rows: vec![],
+            transposed: false,
+        })
+        .collect()
+}
+
+#[test]
+fn a_flux_transformers_config_is_read_off_whole_weights() {
+    let class = ("diffusers".to_owned(), "FluxTransformer2DModel".to_owned());
+    let family = &table().families["flux"];
+    let config = |tensors: &[crate::layout::convert::Renamed]| {
+        configs::config(
+            &class,
+            family,
+            &Default::default(),
+            "transformer",
+            tensors,
+            "BF16",
+        )
+    };
+    let tensors = flux_tensors(2, 128);
+    let c = config(&tensors).unwrap();
+    let got: Vec<serde_json::Value> = [
+        "num_attention_heads",
+        "attention_head_dim",
+        "num_layers",
+        "num_single_layers",
+        "in_channels",
+        "joint_attention_dim",
+        "pooled_projection_dim",
+        "guidance_embeds",
+    ]
+    .iter()
+    .map(|k| c[*k].clone())
+    .collect();
+    assert_eq!(
+        serde_json::Value::Array(got),
+        serde_json::json!([2, 128, 1, 1, 16, 32, 24, true])
+    );
+    assert_eq!(c["axes_dims_rope"], serde_json::json!([16, 56, 56]));
+
+    // Diffusers would make up a missing tensor and drop an extra one.
+    let missing: Vec<_> = tensors
+        .iter()
+        .filter(|t| t.key != "single_transformer_blocks.0.attn.norm_k.weight")
+        .cloned()
+        .collect();
+    let err = config(&missing).unwrap_err();
+    assert!(
+        err.contains("no tensor single_transformer_blocks.0.attn.norm_k.weight"),
+        "{err}"
+    );
+    let mut extra = tensors.clone();
+    extra.push(crate::layout::convert::Renamed {
+        key: "transformer_blocks.0.attn.norm_q.bias".into(),
+        ..tensors[0].clone()
+    });
+    let err = config(&extra).unwrap_err();
+    assert!(
+        err.contains("norm_q.bias has no place in FluxTransformer2DModel"),
+        "{err}"
+    );
+    // Heads 64 wide are no FLUX.1's: its rotary axes fill 128.
+    let err = config(&flux_tensors(4, 64)).unwrap_err();
+    assert!(
+        err.contains("64 wide") && err.contains("[16, 56, 56]"),
+        "{err}"
+    );
 }

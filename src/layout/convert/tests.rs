@@ -430,6 +430,7 @@ fn openclip_splits_fused_qkv_into_row_parts_and_transposes_the_projection() {
             keys: vec!["text_projection.weight".into()],
             op: Op::Transpose,
             with: vec![],
+            rows: vec![],
         })
     );
     assert_eq!(
@@ -578,15 +579,19 @@ fn openclips_q_k_v_fuse_back_and_the_projection_transposes_back() {
         .unwrap();
     assert_eq!(fused.shape, [24, 8]);
     assert_eq!(
-        fused.tensors,
-        ["q", "k", "v"].map(|x| format!("text_model.encoder.layers.1.self_attn.{x}_proj.weight"))
+        fused.pieces,
+        ["q", "k", "v"].map(|x| TensorRows::whole(format!(
+            "text_model.encoder.layers.1.self_attn.{x}_proj.weight"
+        )))
     );
     let projection = reversed
         .arrays
         .iter()
         .find(|a| a.key == "conditioner.embedders.0.model.text_projection")
         .unwrap();
-    assert!(projection.transposed && projection.tensors == ["text_projection.weight"]);
+    assert!(
+        projection.transposed && projection.pieces == [TensorRows::whole("text_projection.weight")]
+    );
     let mut got: Vec<String> = reversed.arrays.iter().map(|a| a.key.clone()).collect();
     got.sort();
     let mut want: Vec<String> = owned.iter().map(|(k, _)| k.clone()).collect();
@@ -623,4 +628,233 @@ fn a_lane_whose_tensors_would_not_convert_back_has_no_single_file() {
     unet.tensors
         .retain(|t| !t.key.starts_with("up_blocks.0.resnets.1."));
     assert!(reverse(table(), &header).is_err());
+}
+
+/// Rows of a FLUX.1 transformer of width 8 (one double and one single block): each fused
+/// projection, the final adaLN projection and the image input, under ComfyUI's prefix.
+fn flux_like(linear1_rows: u64) -> Vec<(String, Vec<u64>)> {
+    keys(&[
+        ("model.diffusion_model.img_in.weight", &[8, 4]),
+        (
+            "model.diffusion_model.double_blocks.0.img_attn.qkv.weight",
+            &[24, 8],
+        ),
+        (
+            "model.diffusion_model.single_blocks.0.linear1.weight",
+            &[linear1_rows, 8],
+        ),
+        (
+            "model.diffusion_model.single_blocks.0.linear1.bias",
+            &[linear1_rows],
+        ),
+        (
+            "model.diffusion_model.final_layer.adaLN_modulation.1.weight",
+            &[16, 8],
+        ),
+    ])
+}
+
+#[test]
+fn flux_splits_its_fused_projections_by_proportion_and_swaps_the_final_adaln_halves() {
+    let owned = flux_like(56);
+    let Outcome::Converted(c) = recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap()
+    else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "flux_transformer.single_file");
+    // Each tensor's shape and rows of its array.
+    type Taken<'a> = (&'a [u64], &'a [(u64, u64)]);
+    let got: BTreeMap<&str, Taken<'_>> = c.components[0]
+        .tensors
+        .iter()
+        .map(|r| (r.key.as_str(), (r.shape.as_slice(), r.rows.as_slice())))
+        .collect();
+    let b = "single_transformer_blocks.0";
+    assert_eq!(
+        got[&*format!("{b}.attn.to_q.weight")],
+        (&[8, 8][..], &[(0, 8)][..])
+    );
+    assert_eq!(
+        got[&*format!("{b}.attn.to_v.weight")],
+        (&[8, 8][..], &[(16, 24)][..])
+    );
+    assert_eq!(
+        got[&*format!("{b}.proj_mlp.weight")],
+        (&[32, 8][..], &[(24, 56)][..])
+    );
+    assert_eq!(
+        got[&*format!("{b}.proj_mlp.bias")],
+        (&[32][..], &[(24, 56)][..])
+    );
+    assert_eq!(
+        got["transformer_blocks.0.attn.to_k.weight"],
+        (&[8, 8][..], &[(8, 16)][..])
+    );
+    // Diffusers' scale rows are the file's second half, its shift rows the first.
+    assert_eq!(
+        got["norm_out.linear.weight"],
+        (&[16, 8][..], &[(8, 16), (0, 8)][..])
+    );
+    assert_eq!(got["x_embedder.weight"], (&[8, 4][..], &[][..]));
+
+    // 50 rows are no q/k/v and an MLP four times as wide.
+    let owned = flux_like(50);
+    let Outcome::Unconverted(why) = recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap()
+    else {
+        panic!("converted");
+    };
+    assert!(
+        why.contains("linear1.weight") && why.contains("split 1:1:1:4"),
+        "{why}"
+    );
+}
+
+#[test]
+fn sd3_swaps_only_the_last_blocks_context_adaln() {
+    let owned = keys(&[
+        ("pos_embed", &[1, 16, 8]),
+        ("x_embedder.proj.weight", &[8, 4, 2, 2]),
+        ("joint_blocks.0.x_block.attn.qkv.weight", &[24, 8]),
+        (
+            "joint_blocks.0.context_block.adaLN_modulation.1.weight",
+            &[48, 8],
+        ),
+        ("joint_blocks.0.context_block.mlp.fc1.weight", &[32, 8]),
+        ("joint_blocks.1.x_block.attn.qkv.weight", &[24, 8]),
+        (
+            "joint_blocks.1.context_block.adaLN_modulation.1.weight",
+            &[16, 8],
+        ),
+        ("final_layer.adaLN_modulation.1.weight", &[16, 8]),
+    ]);
+    let Outcome::Converted(c) = recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap()
+    else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sd3_transformer.single_file");
+    let rows = |key: &str| {
+        let r = c.components[0].tensors.iter().find(|r| r.key == key);
+        r.unwrap_or_else(|| panic!("no {key}")).rows.clone()
+    };
+    assert_eq!(rows("pos_embed.pos_embed"), []);
+    assert_eq!(rows("transformer_blocks.0.norm1_context.linear.weight"), []);
+    assert_eq!(
+        rows("transformer_blocks.1.norm1_context.linear.weight"),
+        [(8, 16), (0, 8)]
+    );
+    assert_eq!(rows("norm_out.linear.weight"), [(8, 16), (0, 8)]);
+}
+
+#[test]
+fn rules_give_proportions_for_their_keys_and_swap_alone() {
+    let rule = |r: serde_json::Value| parse_rule(r.as_array().unwrap());
+    assert!(rule(serde_json::json!(["a.*", ["b.*", "c.*"], null, null, {"rows": [1, 3]}])).is_ok());
+    let err = rule(serde_json::json!(["a.*", ["b.*", "c.*"], null, null, {"rows": [1, 2, 3]}]))
+        .err()
+        .unwrap();
+    assert!(err.contains("proportion"), "{err}");
+    let err = rule(serde_json::json!(["a.*", ["b.*", "c.*"], null, null, {"rows": [1, 0]}]))
+        .err()
+        .unwrap();
+    assert!(err.contains("positive"), "{err}");
+    let err = rule(serde_json::json!(["a.*", ["b.*", "c.*"], null, "swap"]))
+        .err()
+        .unwrap();
+    assert!(err.contains("no op"), "{err}");
+    // Odd rows do not halve.
+    let owned = keys(&[("a", &[3, 2])]);
+    let err = row_parts(source(&owned)[0], Op::Swap, 1, &[]).unwrap_err();
+    assert!(err.contains("halve"), "{err}");
+}
+
+/// The bundled table with a FLUX.1 pipeline converter whose transformer reverses by
+/// `reverse_rules`.
+fn flux_pipeline_table(reverse_rules: serde_json::Value) -> Table {
+    let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
+    raw["keymaps"]["flux_test_reverse"] = serde_json::json!({ "rules": reverse_rules });
+    raw["converters"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "name": "flux_test.single_file",
+            "about": "a test",
+            "family": "flux",
+            "pipeline": "FluxTestPipeline",
+            "require": ["img_in.weight"],
+            "components": [{
+                "name": "transformer",
+                "prefix": "model.diffusion_model.",
+                "keymap": "flux_transformer",
+                "reverse": "flux_test_reverse",
+                "class": ["diffusers", "FluxTransformer2DModel"]
+            }]
+        }));
+    parse_table(&raw.to_string()).unwrap()
+}
+
+#[test]
+fn unequal_fused_rows_and_swapped_halves_reverse_to_the_original_arrays() {
+    let b = "single_transformer_blocks.{i}";
+    let fused = |w: &str| {
+        serde_json::json!([format!("{b}.attn.to_q.{w}"), format!("single_blocks.{{i}}.linear1.{w}"),
+            null, null, {"with": [format!("{b}.attn.to_k.{w}"), format!("{b}.attn.to_v.{w}"),
+            format!("{b}.proj_mlp.{w}")]}])
+    };
+    let qkv = serde_json::json!(["transformer_blocks.{i}.attn.to_q.weight",
+        "double_blocks.{i}.img_attn.qkv.weight", null, null,
+        {"with": ["transformer_blocks.{i}.attn.to_k.weight", "transformer_blocks.{i}.attn.to_v.weight"]}]);
+    let rules = |adaln: serde_json::Value| {
+        serde_json::json!([
+            ["x_embedder.*", "img_in.*"],
+            qkv,
+            fused("weight"),
+            fused("bias"),
+            adaln
+        ])
+    };
+    let t = flux_pipeline_table(rules(serde_json::json!([
+        "norm_out.linear.*",
+        "final_layer.adaLN_modulation.1.*",
+        null,
+        "swap"
+    ])));
+    let owned = flux_like(56);
+    let converter = t
+        .converters
+        .iter()
+        .find(|c| c.name == "flux_test.single_file")
+        .unwrap();
+    let c = convert(&t, converter, &source(&owned)).unwrap();
+    let header = lane_of(&c, "FluxTestPipeline", "");
+    let reversed = reverse(&t, &header).unwrap();
+    let array = |key: &str| {
+        let a = reversed.arrays.iter().find(|a| a.key.ends_with(key));
+        a.unwrap_or_else(|| panic!("no {key}")).clone()
+    };
+    let linear1 = array("single_blocks.0.linear1.weight");
+    assert_eq!(linear1.shape, [56, 8]);
+    let names: Vec<&str> = linear1.pieces.iter().map(|p| p.tensor.as_str()).collect();
+    assert_eq!(
+        names,
+        ["attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"]
+            .map(|x| format!("single_transformer_blocks.0.{x}.weight"))
+    );
+    let adaln = array("final_layer.adaLN_modulation.1.weight");
+    assert_eq!(
+        adaln.pieces,
+        [(8, 16), (0, 8)].map(|r| TensorRows::part("norm_out.linear.weight", r))
+    );
+    let mut got: Vec<&str> = reversed.arrays.iter().map(|a| a.key.as_str()).collect();
+    got.sort_unstable();
+    let mut want: Vec<&str> = owned.iter().map(|(k, _)| k.as_str()).collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+
+    // Without the swap, the halves would come back in the other order: no single file.
+    let t = flux_pipeline_table(rules(serde_json::json!([
+        "norm_out.linear.*",
+        "final_layer.adaLN_modulation.1.*"
+    ])));
+    let err = reverse(&t, &header).unwrap_err();
+    assert!(err.contains("adaLN_modulation.1.weight"), "{err}");
 }
