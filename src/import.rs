@@ -192,6 +192,9 @@ pub struct ImportConfig {
     pub hub_refs: Option<Vec<String>>,
     /// The hub revision's file listing, recorded with it (`import --hf-cache`).
     pub hub_files: Option<BTreeMap<String, TreeEntry>>,
+    /// The pipeline a single file of a model alone joins (`--pipeline`): the lane's
+    /// Diffusers face is that pipeline with the file's components in place of its own.
+    pub pipeline: Option<PipelineBase>,
     /// Set (by a signal handler, say) to stop the import: chunk writing stops within one read
     /// of at most a few MiB, the staged objects are removed, and the import fails with
     /// [`ImportError::Interrupted`], leaving the store as it was.
@@ -207,9 +210,23 @@ impl Default for ImportConfig {
             hub: None,
             hub_refs: None,
             hub_files: None,
+            pipeline: None,
             cancel: None,
         }
     }
+}
+
+/// A stored pipeline that a single file of a model alone joins (`import --pipeline REF`): a
+/// fine-tuned UNet or transformer with the VAE, text encoders, tokenizers and scheduler of the
+/// model it was tuned from. The new lane's components are the pipeline's, in its order, each
+/// the file's where the file holds one of that name and class, else the pipeline's own, whose
+/// chunks and assets the new commit names as they are: nothing of them is copied.
+#[derive(Clone, Debug)]
+pub struct PipelineBase {
+    /// The pipeline as the user named it (`local/flux-dev@latest`), for messages.
+    pub name: String,
+    /// Its commit.
+    pub commit: crate::store::Commit,
 }
 
 /// Imports `sources` (one folder, or `.safetensors` and `.gguf` files) as new commits of repo
@@ -226,11 +243,13 @@ pub fn import(
 ) -> Result<ImportReport, ImportError> {
     check_name(name)?;
     let source = scan::scan(sources)?;
-    let lanes = model::lanes(
-        &source,
-        config.converter.as_deref(),
-        config.prediction_type.as_deref(),
-    )?;
+    // What a composed lane borrows stays while the import runs, and must be here (a lazily
+    // mounted model's chunks may not be).
+    let _hold = match &config.pipeline {
+        Some(base) => Some(hold_borrowed(store, base)?),
+        None => None,
+    };
+    let lanes = model::lanes(&source, config)?;
     if lanes
         .iter()
         .all(|l| l.components.iter().all(|c| c.weights.is_empty()))
@@ -247,7 +266,7 @@ pub fn import(
     for lane in &lanes {
         for c in &lane.components {
             let key = (c.name.clone(), c.weights.clone());
-            if planned.contains_key(&key) {
+            if c.borrowed.is_some() || planned.contains_key(&key) {
                 continue;
             }
             // Every stored array (markers live in the recipe) and stated part, in order.
@@ -327,6 +346,10 @@ pub fn import(
         };
         let mut tensor_bytes = 0;
         for c in &lane.components {
+            if let Some(b) = &c.borrowed {
+                tensor_bytes += borrow(&mut header, b);
+                continue;
+            }
             let (plan, range) = &plans[planned[&(c.name.clone(), c.weights.clone())]];
             let base = header.chunks.len() as u64;
             header.chunks.extend_from_slice(&chunk_refs[range.clone()]);
@@ -466,9 +489,15 @@ pub fn import(
             tensors: lane
                 .components
                 .iter()
-                .flat_map(|c| &c.items)
-                .filter(|i| !matches!(i, Item::Marker(_)))
-                .count(),
+                .map(|c| match &c.borrowed {
+                    Some(b) => b.component.tensors.len(),
+                    None => c
+                        .items
+                        .iter()
+                        .filter(|i| !matches!(i, Item::Marker(_)))
+                        .count(),
+                })
+                .sum(),
             tensor_bytes,
             files: view.files.len(),
             single_file: lane.single_file.as_ref().map(|single| SingleFileReport {
@@ -521,6 +550,75 @@ pub fn import(
         new_bytes,
         hub: hub.map(|h| h.to_string()),
     })
+}
+
+/// Holds what `base`'s commit names while the import runs, and checks that it is all in
+/// the store.
+///
+/// # Errors
+/// The hold cannot be placed, or an object is missing (a lazily mounted model's chunk that
+/// was never read).
+fn hold_borrowed(
+    store: &Store,
+    base: &PipelineBase,
+) -> Result<crate::store::retention::Hold, ImportError> {
+    let closure = base.commit.closure();
+    let hold = store.hold(&closure)?;
+    if let Some(missing) = closure
+        .iter()
+        .find(|o| std::fs::symlink_metadata(store.object_path(o)).is_err())
+    {
+        return Err(ImportError::Usage(format!(
+            "--pipeline {}: object {} is not in the store (a lazily mounted model's, never \
+             read): read its files through the mount first",
+            base.name,
+            missing.id()
+        )));
+    }
+    Ok(hold)
+}
+
+/// Adds borrowed component `b` to `header`: its chunks after the header's, its encodings
+/// among the header's, its tensors' locations and encodings renumbered to match. Returns its
+/// tensors' bytes.
+fn borrow(header: &mut Header, b: &lane::Borrowed) -> u64 {
+    let mut chunk_of: HashMap<u64, u64> = HashMap::new();
+    let mut located = |place: &Location| -> Location {
+        if place.length == 0 {
+            return Location::default();
+        }
+        let chunk = *chunk_of.entry(place.chunk).or_insert_with(|| {
+            header.chunks.push(b.chunks[place.chunk as usize]);
+            header.chunks.len() as u64 - 1
+        });
+        Location { chunk, ..*place }
+    };
+    let mut component = b.component.clone();
+    let mut bytes = 0;
+    for t in &mut component.tensors {
+        match &mut t.body {
+            Body::Plain(place) => {
+                bytes += place.length;
+                *place = located(place);
+            }
+            Body::Encoded { encoding, parts } => {
+                for p in parts.iter_mut() {
+                    bytes += p.location.length;
+                    p.location = located(&p.location);
+                }
+                let wanted = &b.encodings[*encoding];
+                *encoding = match header.encodings.iter().position(|e| e == wanted) {
+                    Some(i) => i,
+                    None => {
+                        header.encodings.push(wanted.clone());
+                        header.encodings.len() - 1
+                    }
+                };
+            }
+        }
+    }
+    header.components.push(component);
+    bytes
 }
 
 /// Where a stored part's bytes come from.

@@ -434,7 +434,7 @@ impl LaneView {
     }
 
     /// A single-file checkpoint's own component (the arrays no Diffusers component takes).
-    fn single_file_component(header: &Header) -> Option<&str> {
+    pub(crate) fn single_file_component(header: &Header) -> Option<&str> {
         match header.metadata.get(SINGLE_FILE)? {
             crate::format::Value::Map(fields) => fields
                 .iter()

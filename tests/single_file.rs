@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
-use common::{fails, floats, ok, safetensors_file, T};
+use common::{fails, files_of, floats, ok, safetensors_file, snapshot, T};
 use safetensors::Dtype;
 
 /// The tensors of a small SD 1.x file in the CompVis layout: a UNet of two levels (one
@@ -1191,4 +1191,165 @@ fn a_t5_encoder_alone_is_a_transformers_model_folder_v1_1_or_v1_0() {
         let warnings = report["warnings"].to_string();
         assert!(warnings.contains(why), "{warnings}");
     }
+}
+
+#[test]
+fn a_model_alone_joins_a_stored_pipeline_whose_other_components_are_stored_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let base = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    import_json(&store, &base, "local/base", &[]);
+    // The base's own UNet, tuned: other bytes (its arrays written in another order draw other
+    // values), the shapes that fit the pipeline.
+    let mut tuned: Vec<(String, Vec<usize>)> = sd1_tensors()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("model.diffusion_model."))
+        .collect();
+    tuned.reverse();
+    let unet = write(tmp.path(), "tuned.safetensors", &tuned);
+    let report = import_json(
+        &store,
+        &unet,
+        "local/tuned",
+        &["--pipeline", "local/base@latest"],
+    );
+    let single = &report["lanes"][0]["single_file"];
+    assert_eq!(single["converter"], "sd1_unet.single_file", "{report}");
+    assert_eq!(single["pipeline"], "StableDiffusionPipeline", "{report}");
+    // Only the UNet's chunks and the new commit's documents are new.
+    let added = report["new_bytes"].as_u64().unwrap();
+    let unet_size = fs::metadata(&unet).unwrap().len();
+    assert!(added < unet_size + 64 * 1024, "{added} of {unet_size}");
+
+    // As imported: the file itself, alone.
+    let plain = tmp.path().join("plain");
+    ok(&store, &["export", "local/tuned", plain.to_str().unwrap()]);
+    assert_eq!(
+        files_of(&plain).keys().collect::<Vec<_>>(),
+        ["tuned.safetensors"]
+    );
+    assert_eq!(
+        fs::read(plain.join("tuned.safetensors")).unwrap(),
+        fs::read(&unet).unwrap()
+    );
+
+    // Its Diffusers face: the base's pipeline with the file's UNet, and nothing of the base's
+    // own component (its file's arrays Diffusers does not load).
+    let face = tmp.path().join("face");
+    ok(
+        &store,
+        &[
+            "export",
+            "local/tuned",
+            face.to_str().unwrap(),
+            "--diffusers",
+        ],
+    );
+    let base_face = tmp.path().join("base-face");
+    ok(
+        &store,
+        &[
+            "export",
+            "local/base",
+            base_face.to_str().unwrap(),
+            "--diffusers",
+        ],
+    );
+    let (ours, theirs) = (files_of(&face), files_of(&base_face));
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>()
+    );
+    for (path, bytes) in &ours {
+        if !path.starts_with("unet/") {
+            assert_eq!(Some(bytes), theirs.get(path), "{path}");
+        }
+    }
+    let weights = "unet/diffusion_pytorch_model.safetensors";
+    let (made, base_unet) = (
+        tensors_of(&face.join(weights)),
+        tensors_of(&base_face.join(weights)),
+    );
+    let original = tensors_of(&unet);
+    assert_eq!(
+        made.keys().collect::<Vec<_>>(),
+        base_unet.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        made["conv_out.weight"],
+        original["model.diffusion_model.out.2.weight"]
+    );
+    assert_ne!(made["conv_out.weight"], base_unet["conv_out.weight"]);
+}
+
+#[test]
+fn a_pipeline_a_file_cannot_join_is_refused_by_name_and_nothing_is_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let base = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    import_json(&store, &base, "local/base", &[]);
+    let unet = write(tmp.path(), "unet.safetensors", &unet_tensors(768, false));
+    import_json(&store, &unet, "local/unet", &[]);
+    let narrow: Vec<(String, Vec<usize>)> = sd1_tensors()
+        .into_iter()
+        .filter_map(|(k, s)| Some((k.strip_prefix("model.diffusion_model.")?.to_owned(), s)))
+        .collect();
+    let narrow = write(tmp.path(), "narrow.safetensors", &narrow);
+    let t5 = write(tmp.path(), "t5.safetensors", &t5_tensors(2, true, false));
+    let clip = write(tmp.path(), "clip.safetensors", &clip_tensors(64, true));
+    let unknown = write(
+        tmp.path(),
+        "unknown.safetensors",
+        &t5_tensors(2, true, false)[1..],
+    );
+    let folder = tmp.path().join("folder");
+    fs::create_dir(&folder).unwrap();
+    fs::copy(&unet, folder.join("a.safetensors")).unwrap();
+    fs::copy(&t5, folder.join("b.safetensors")).unwrap();
+    let before = snapshot(&store);
+    for (file, base, why) in [
+        (
+            &base,
+            "local/base",
+            "sd1.single_file makes a whole pipeline",
+        ),
+        (
+            &t5,
+            "local/base",
+            "its StableDiffusionPipeline has no component text_encoder_2",
+        ),
+        (
+            &clip,
+            "local/base",
+            "its text_encoder is a CLIPTextModel, the file's a CLIPTextModelWithProjection",
+        ),
+        (&narrow, "local/unet", "it is no pipeline"),
+        (
+            &unet,
+            "local/base",
+            "unet's cross_attention_dim is 768, and the pipeline's unet has 16",
+        ),
+        (
+            &unknown,
+            "local/base",
+            "not converted to Diffusers components",
+        ),
+        (&folder, "local/base", "import the file alone"),
+        (&unet, "local/nothing", "local/nothing"),
+    ] {
+        let args = [
+            "import",
+            file.to_str().unwrap(),
+            "--name",
+            "local/joined",
+            "--pipeline",
+            base,
+        ];
+        let err = fails(&store, &args);
+        assert!(err.contains(why), "{file:?} joining {base}: {err}");
+    }
+    assert!(
+        snapshot(&store) == before,
+        "a refused import changed the store"
+    );
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{count, human, Cli};
@@ -62,6 +63,15 @@ pub struct Args {
     /// (…/models--ORG--NAME/snapshots/COMMIT) names its own.
     #[arg(long, value_name = "ORG/NAME[@REV]", value_parser = parse_hub_id)]
     pub hf_id: Option<HubId>,
+    /// Join a single file of a model alone (a fine-tuned UNet or transformer) to this stored
+    /// pipeline, `org/name[@revision]`: the lane's `<lane>@diffusers` face is that pipeline
+    /// with the file's model in place of its own, its other components (VAE, text encoders,
+    /// tokenizers, scheduler) stored once, in the pipeline's commit.
+    #[arg(long, value_name = "REF", conflicts_with = "hf_cache")]
+    pub pipeline: Option<String>,
+    /// The lane of --pipeline's revision, when it has several.
+    #[arg(long, value_name = "LANE", requires = "pipeline")]
+    pub pipeline_lane: Option<String>,
 }
 
 fn parse_hub_id(text: &str) -> Result<HubId, String> {
@@ -140,6 +150,15 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
     config.prediction_type = args.prediction_type.clone();
     config.hub = args.hf_id.clone();
     config.cancel = Some(&STOP);
+    if let Some(reference) = &args.pipeline {
+        let (_, commit) =
+            crate::revisions::resolve_one(store, reference, args.pipeline_lane.as_deref())
+                .with_context(|| format!("--pipeline {reference}"))?;
+        config.pipeline = Some(crate::import::PipelineBase {
+            name: reference.clone(),
+            commit,
+        });
+    }
     let progress = Bar::on_terminal("writing chunks");
     let name = args
         .name

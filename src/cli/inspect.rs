@@ -299,7 +299,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 
 /// A readable JSON projection of a header (byte strings as hex).
 fn header_json(h: &Header) -> serde_json::Value {
-    let value = value_json;
+    let value = Value::to_serde;
     let components: Vec<_> = h
         .components
         .iter()
@@ -342,24 +342,5 @@ fn class_text(class: &crate::format::ClassRef) -> String {
         ("", _) => "unknown class".into(),
         (library, "") => format!("{library} {}", class.name),
         (library, version) => format!("{library} {version} {}", class.name),
-    }
-}
-
-/// A header value as JSON for display: byte strings as hex text.
-fn value_json(v: &Value) -> serde_json::Value {
-    match v {
-        Value::Uint(n) => json!(n),
-        Value::Nint(n) => json!(-1 - *n as i64),
-        Value::Bytes(b) => json!(hex::encode(b)),
-        Value::Text(t) => json!(t),
-        Value::Array(items) => items.iter().map(value_json).collect(),
-        Value::Map(entries) => entries
-            .iter()
-            .map(|(k, v)| (k.clone(), value_json(v)))
-            .collect::<serde_json::Map<_, _>>()
-            .into(),
-        Value::Bool(b) => json!(b),
-        Value::Null => serde_json::Value::Null,
-        Value::Float(f) => json!(f),
     }
 }

@@ -40,6 +40,26 @@ pub enum Value {
 }
 
 impl Value {
+    /// The value as JSON: byte strings as lowercase hex text, negative integers as numbers.
+    pub fn to_serde(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            Value::Uint(n) => json!(n),
+            Value::Nint(n) => json!(-1 - *n as i64),
+            Value::Bytes(b) => json!(hex::encode(b)),
+            Value::Text(t) => json!(t),
+            Value::Array(items) => items.iter().map(Value::to_serde).collect(),
+            Value::Map(entries) => entries
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_serde()))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+            Value::Bool(b) => json!(b),
+            Value::Null => serde_json::Value::Null,
+            Value::Float(f) => json!(f),
+        }
+    }
+
     /// The integer value as i128 (for range checks and display); `None` if not an integer.
     pub fn as_int(&self) -> Option<i128> {
         match self {

@@ -145,6 +145,7 @@ pub(crate) fn component(
         stamps: vec![stamp],
         lane_paths: vec![rel.to_owned()],
         items,
+        borrowed: None,
     })
 }
 

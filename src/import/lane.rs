@@ -5,10 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use super::chunks::SourceStamp;
 use super::convention::Item;
 use super::scan::SourceTensor;
-use crate::format::{ClassRef, Config, Pipeline};
+use crate::format::{ClassRef, Component, Config, Encoding, ObjectRef, Pipeline};
 use crate::layout::recipe::SourceFiles;
 
 /// One lane to import.
@@ -58,6 +60,21 @@ pub(crate) struct ComponentModel {
     pub lane_paths: Vec<String>,
     /// What the arrays become (plain tensors, encoded tensors, markers), in array order.
     pub items: Vec<Item>,
+    /// For a component another commit stores (a composed pipeline's): its entry there,
+    /// taken as it is; the component then has no source files.
+    pub borrowed: Option<Borrowed>,
+}
+
+/// A component of a stored commit's header, joined to a new lane without copying its bytes.
+#[derive(Clone, Debug)]
+pub(crate) struct Borrowed {
+    /// The component's header entry: its tensors' locations index `chunks`, their encodings
+    /// `encodings`.
+    pub component: Component,
+    /// The lending header's chunks.
+    pub chunks: Arc<[ObjectRef]>,
+    /// The lending header's encodings.
+    pub encodings: Arc<[Encoding]>,
 }
 
 impl ComponentModel {
@@ -73,6 +90,7 @@ impl ComponentModel {
             stamps: Vec::new(),
             lane_paths: Vec::new(),
             items: Vec::new(),
+            borrowed: None,
         }
     }
 }

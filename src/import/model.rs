@@ -44,8 +44,7 @@ struct Folder {
 /// Any malformed file, with its path and what is wrong.
 pub(crate) fn lanes(
     source: &Source,
-    converter: Option<&str>,
-    prediction: Option<&str>,
+    config: &super::ImportConfig,
 ) -> Result<Vec<LaneModel>, ImportError> {
     let variants = scan::variants(&source.files);
     let mut lanes = Vec::new();
@@ -57,10 +56,10 @@ pub(crate) fn lanes(
         ) || (source.kind == Kind::Files && scan::is_gguf(p))
     });
     if has_default || variants.is_empty() {
-        lanes.push(lane(source, None, converter, prediction)?);
+        lanes.push(lane(source, None, config)?);
     }
     for v in &variants {
-        lanes.push(lane(source, Some(v), converter, prediction)?);
+        lanes.push(lane(source, Some(v), config)?);
     }
     let mut taken = BTreeSet::new();
     for (i, l) in lanes.iter_mut().enumerate() {
@@ -85,9 +84,12 @@ fn file_name(path: &str) -> &str {
 fn lane(
     source: &Source,
     variant: Option<&str>,
-    converter: Option<&str>,
-    prediction: Option<&str>,
+    config: &super::ImportConfig,
 ) -> Result<LaneModel, ImportError> {
+    let (converter, prediction) = (
+        config.converter.as_deref(),
+        config.prediction_type.as_deref(),
+    );
     let mut model = LaneModel {
         lane: String::new(),
         pipeline: None,
@@ -284,7 +286,14 @@ fn lane(
                 c.name
             )))
         }
-        _ if single => super::single_file::apply(&mut model, converter, prediction)?,
+        _ if single => super::single_file::apply(&mut model, config)?,
+        _ if config.pipeline.is_some() => {
+            return Err(ImportError::Usage(
+                "--pipeline joins a single file of a model alone to a pipeline; import the file \
+                 alone"
+                    .into(),
+            ))
+        }
         _ if prediction.is_some() => {
             return Err(ImportError::Usage(
                 "--prediction-type declares what a single-file checkpoint predicts; import the \
@@ -693,6 +702,8 @@ fn resolve_versions(model: &mut LaneModel) {
             model
                 .components
                 .iter_mut()
+                // A borrowed component keeps its class as its commit has it.
+                .filter(|c| c.borrowed.is_none())
                 .map(|c| (&mut c.class, c.config.clone())),
         );
     for (class, config) in classes {

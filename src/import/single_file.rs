@@ -28,23 +28,26 @@ pub const PREDICTION_TYPES: [&str; 2] = ["epsilon", "v_prediction"];
 /// component keeps the arrays Diffusers does not load, and the recipe re-creates the file
 /// from all of them. A file no converter takes (or a quantized one, not converted yet) is
 /// left as it is; one that the converters taking it cannot convert is too, with a warning.
-/// `prediction` (`--prediction-type`) is what the model predicts, over the file's markers.
+/// `config.prediction_type` (`--prediction-type`) is what the model predicts, over the file's
+/// markers; `config.converter` names the converter; `config.pipeline` is a pipeline the
+/// components of a model alone join ([`compose`]).
 ///
 /// # Errors
 /// Two converters convert the file and `--converter` names none; the named one cannot convert
 /// the file; the family's files do not say what they predict and `prediction` is `None`;
 /// `prediction` is given for a file that is not converted, or that makes a model alone whose
-/// config does not depend on it.
+/// config does not depend on it; `pipeline` is given for a file that is not converted, or
+/// that the pipeline cannot take.
 pub(crate) fn apply(
     model: &mut super::lane::LaneModel,
-    converter: Option<&str>,
-    prediction: Option<&str>,
+    config: &super::ImportConfig,
 ) -> Result<(), super::ImportError> {
     use super::convention::Item;
     use super::ImportError;
     use crate::layout::recipe::SourceFile;
 
-    let named = converter.and_then(named);
+    let prediction = config.prediction_type.as_deref();
+    let named = config.converter.as_deref().and_then(named);
     let [c] = model.components.as_slice() else {
         return Ok(());
     };
@@ -53,6 +56,16 @@ pub(crate) fn apply(
     };
     let (path, lane_path) = (path.clone(), lane_path.clone());
     let fail = |why: String| ImportError::source(&path, why);
+    if let Some(base) = config
+        .pipeline
+        .as_ref()
+        .filter(|b| b.commit.header.pipeline.is_none())
+    {
+        return Err(fail(format!(
+            "--pipeline {}: it is no pipeline (its lane has no model_index.json)",
+            base.name
+        )));
+    }
     // A file that stays as it is: a warning, unless the user asked for a conversion
     // (`--converter`) or declared what only a converted file has (`--prediction-type`).
     let unconverted = |model: &mut super::lane::LaneModel, why: String| {
@@ -65,13 +78,19 @@ pub(crate) fn apply(
                  ({why})"
             )));
         }
+        if let Some(base) = &config.pipeline {
+            return Err(fail(format!(
+                "--pipeline {}: the file is not converted to Diffusers components ({why})",
+                base.name
+            )));
+        }
         let warning = format!("{lane_path}: not converted to Diffusers components: {why}");
         model.warnings.push(warning);
         Ok(())
     };
     if !c.items.iter().all(|i| matches!(i, Item::Plain(_))) {
         let why = "a quantized single file is not converted".to_owned();
-        if named.is_none() && prediction.is_none() {
+        if named.is_none() && prediction.is_none() && config.pipeline.is_none() {
             return Ok(());
         }
         return unconverted(model, why);
@@ -91,13 +110,15 @@ pub(crate) fn apply(
     let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
     let mut marked = table().marked(&keys, metadata);
     let dtype = main_dtype(&c.tensors);
-    let check = |conversion: &Conversion<'_>| configs(conversion, &dtype, &marked).map(|_| ());
+    let joined = config.pipeline.as_ref().map(|p| &p.commit.header);
+    let check =
+        |conversion: &Conversion<'_>| configs(conversion, &dtype, &marked, joined).map(|_| ());
     let conversion = match recognise(table(), &arrays, named, &check).map_err(fail)? {
         Outcome::Unknown => {
             let why = "no converter of fs-layout/single_file.json takes it".to_owned();
-            return match prediction {
-                Some(_) => unconverted(model, why),
-                None => Ok(()),
+            return match (prediction, &config.pipeline) {
+                (None, None) => Ok(()),
+                _ => unconverted(model, why),
             };
         }
         Outcome::Unconverted(why) => return unconverted(model, why),
@@ -119,11 +140,15 @@ pub(crate) fn apply(
     }
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
-    let built = match build(&conversion, c, &path, &marked) {
+    let mut built = match build(&conversion, c, &path, &marked, joined) {
         Ok(built) => built,
         Err(why) => return unconverted(model, format!("{converter}: {why}")),
     };
     decided.map_err(|why| fail(format!("{converter}: {why}")))?;
+    if let Some(base) = &config.pipeline {
+        compose(&mut built, base, conversion.converter)
+            .map_err(|why| fail(format!("--pipeline {}: {why}", base.name)))?;
+    }
     let prediction_type = marked
         .get("scheduler")
         .and_then(|s| s.get("prediction_type"))
@@ -180,6 +205,77 @@ struct Built {
     components: Vec<super::lane::ComponentModel>,
     arrays: BTreeMap<String, crate::layout::recipe::ArraySource>,
     pipeline: Option<crate::format::Pipeline>,
+}
+
+/// Makes `built`, the components of a model alone, part of `base`'s pipeline: the pipeline
+/// is `base`'s, the components `base`'s in its order (less a single-file lane's own), each the
+/// file's where the file holds one of that name, else `base`'s, borrowed as its commit
+/// stores it.
+///
+/// # Errors
+/// The converter makes a whole pipeline; `base` has no pipeline; the pipeline has no
+/// component of a converted one's name, or one of another class.
+fn compose(
+    built: &mut Built,
+    base: &super::PipelineBase,
+    converter: &crate::layout::convert::Converter,
+) -> Result<(), String> {
+    use super::lane::{Borrowed, ComponentModel};
+
+    if converter.pipeline.is_some() {
+        return Err(format!(
+            "{} makes a whole pipeline; only a model alone joins one",
+            converter.name
+        ));
+    }
+    let header = &base.commit.header;
+    let Some(pipeline) = &header.pipeline else {
+        return Err("it is no pipeline".into());
+    };
+    for ours in &built.components {
+        match header.component(&ours.name) {
+            None => {
+                return Err(format!(
+                    "its {} has no component {}",
+                    pipeline.class.name, ours.name
+                ))
+            }
+            Some(theirs) if theirs.class.name != ours.class.name => {
+                return Err(format!(
+                    "its {} is a {}, the file's a {}",
+                    ours.name, theirs.class.name, ours.class.name
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    let chunks: std::sync::Arc<[crate::format::ObjectRef]> = header.chunks.clone().into();
+    let encodings: std::sync::Arc<[crate::format::Encoding]> = header.encodings.clone().into();
+    let mut ours = std::mem::take(&mut built.components);
+    // A single-file lane's own component (what Diffusers does not load) is no pipeline's.
+    let own = crate::layout::LaneView::single_file_component(header);
+    for theirs in header
+        .components
+        .iter()
+        .filter(|c| Some(c.name.as_str()) != own)
+    {
+        let component = match ours.iter().position(|c| c.name == theirs.name) {
+            Some(i) => ours.remove(i),
+            None => ComponentModel {
+                config: theirs.config.clone(),
+                config_file: theirs.config_file.clone(),
+                borrowed: Some(Borrowed {
+                    component: theirs.clone(),
+                    chunks: chunks.clone(),
+                    encodings: encodings.clone(),
+                }),
+                ..ComponentModel::empty(&theirs.name, theirs.class.clone())
+            },
+        };
+        built.components.push(component);
+    }
+    built.pipeline = Some(pipeline.clone());
+    Ok(())
 }
 
 /// Config values by component, as markers and declarations set them.
@@ -249,7 +345,8 @@ fn decide(
 }
 
 /// Builds `conversion` of component `c` (the file at `path`), with the config values `marked`
-/// sets (the file's markers, the user's declarations).
+/// sets (the file's markers, the user's declarations), for the pipeline of `joined` if the
+/// components join one.
 ///
 /// # Errors
 /// A config cannot be derived, or a transposed array cannot be read.
@@ -258,6 +355,7 @@ fn build(
     c: &super::lane::ComponentModel,
     path: &std::path::Path,
     marked: &Marked,
+    joined: Option<&crate::format::Header>,
 ) -> Result<Built, String> {
     use super::lane::{Asset, ComponentModel};
     use crate::format::Pipeline;
@@ -266,7 +364,7 @@ fn build(
     let family = &table().families[&converter.family];
     let no_values = serde_json::Map::new();
     let marked_for = |name: &str| marked.get(name).unwrap_or(&no_values);
-    let derived = configs(conversion, &main_dtype(&c.tensors), marked)?;
+    let derived = configs(conversion, &main_dtype(&c.tensors), marked, joined)?;
     let mut components = Vec::new();
     let mut arrays = BTreeMap::new();
     let mut listed = Vec::new();
@@ -322,6 +420,7 @@ fn configs(
     conversion: &Conversion<'_>,
     dtype: &str,
     marked: &Marked,
+    joined: Option<&crate::format::Header>,
 ) -> Result<BTreeMap<String, serde_json::Map<String, serde_json::Value>>, String> {
     let converter = conversion.converter;
     let family = &table().families[&converter.family];
@@ -340,8 +439,58 @@ fn configs(
         .map_err(|why| format!("{}'s config: {why}", rule.name))?;
         derived.insert(rule.name.clone(), config);
     }
-    converter.accepts(&derived)?;
+    match joined {
+        None => converter.accepts(&derived)?,
+        Some(header) => fits_joined(converter, &derived, header)?,
+    }
     Ok(derived)
+}
+
+/// That `derived`, the configs of a model alone joining the pipeline of `header`, fits it: the
+/// converter's family makes that pipeline class (when it makes any), and the derived values
+/// of the keys the converter's `accept` tells models apart by (a UNet's context width and
+/// input channels) are those of the pipeline's component of its name: the pipeline, not the
+/// table's list, says what fits it (a reduced SDXL's narrower context).
+///
+/// # Errors
+/// The family makes other pipelines, or the first value that differs, with the pipeline's.
+fn fits_joined(
+    converter: &crate::layout::convert::Converter,
+    derived: &BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    header: &crate::format::Header,
+) -> Result<(), String> {
+    // A family whose files make pipelines (SD 1.x, SDXL) makes its models for those only: an
+    // SDXL UNet joins an SDXL pipeline, not the refiner's.
+    let class = header
+        .pipeline
+        .as_ref()
+        .map_or("", |p| p.class.name.as_str());
+    let made: Vec<&str> = table()
+        .converters
+        .iter()
+        .filter(|c| c.family == converter.family)
+        .flat_map(|c| c.pipelines())
+        .collect();
+    if !made.is_empty() && !made.contains(&class) {
+        return Err(format!(
+            "its family's pipelines are {}, not {class}",
+            made.join(", ")
+        ));
+    }
+    for (component, key) in converter.accept_keys() {
+        let theirs = header.component(component).and_then(|c| c.config.get(key));
+        let Some(theirs) = theirs.map(crate::format::Value::to_serde) else {
+            continue;
+        };
+        let ours = derived.get(component).and_then(|c| c.get(key));
+        if ours != Some(&theirs) {
+            return Err(format!(
+                "{component}'s {key} is {}, and the pipeline's {component} has {theirs}",
+                ours.map_or("missing".into(), ToString::to_string),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A converted component's tensors, as the safetensors library writes a file (dtype

@@ -182,6 +182,21 @@ impl Converter {
         Ok(())
     }
 
+    /// The pipeline classes this converter makes: its own, then its variants'.
+    pub(crate) fn pipelines(&self) -> impl Iterator<Item = &str> {
+        self.pipeline
+            .as_deref()
+            .into_iter()
+            .chain(self.variants.iter().map(|v| v.pipeline.as_str()))
+    }
+
+    /// The config keys `accept` constrains, as (component, key).
+    pub(crate) fn accept_keys(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.accept
+            .iter()
+            .flat_map(|(c, keys)| keys.keys().map(move |k| (c.as_str(), k.as_str())))
+    }
+
     /// The pipeline class for a file whose components have the `derived` configs: the first
     /// variant whose values they all have, else the converter's; `None` for a converter of a
     /// component alone.
@@ -1260,13 +1275,9 @@ pub(crate) fn reverse<'t>(
         _ => false,
     };
     let fits = |c: &&Converter| {
-        let classes = c
-            .pipeline
-            .iter()
-            .chain(c.variants.iter().map(|v| &v.pipeline));
         let names: BTreeSet<&str> = c.components.iter().map(|r| r.name.as_str()).collect();
         c.components.iter().all(|r| r.reverse.is_some())
-            && classes.into_iter().any(|p| p == class)
+            && c.pipelines().any(|p| p == class)
             && names == weighted
             && c.single_when.iter().all(|(component, keys)| {
                 let config = header.components.iter().find(|x| x.name == *component);

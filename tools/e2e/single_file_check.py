@@ -43,7 +43,14 @@
    `@comfyui/diffusion_models`, diffusers' conversion of the mounted file gives the model, and
    `<lane>@diffusers` loads with the class's from_pretrained: every tensor, the derived config
    and one forward pass equal the model's.
-6. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
+6. A model alone joins a stored pipeline (`import --pipeline`): the small SDXL's UNet, tuned
+   (every weight moved) and written as ComfyUI keeps a model alone, imported with `--pipeline
+   local/sdxl` adds its own size (its tensors padded to 4 KiB: 5 % at most for a model this small)
+   and nothing of the lane's other tensors; `<lane>@diffusers` loads as
+   StableDiffusionXLPipeline with the tuned UNet and every other tensor the folder's, and one
+   inference step equals the folder's pipeline with the tuned UNet put in. The reference's
+   `tfs verify` accepts the lane.
+7. cozytensors (the package tools/python-test.sh installs) reads every array of each mounted
    single file, the imported one and the `<lane>@single` face, from the store's blobs (a fused
    q/k/v array through its three tensors' bytes in turn), equal to safetensors' reading of the
    file; only the transposed `text_projection` comes through the file.
@@ -582,6 +589,39 @@ def write_unet_alone(family, path):
     return unet.eval()
 
 
+def write_tuned_unet(pipe, path):
+    """`pipe`'s UNet with every weight moved (a fine-tune), written as ComfyUI keeps a model
+    alone (under `model.diffusion_model.`); returns the tuned UNet."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    unet = copy.deepcopy(pipe.unet)
+    perturb(unet)
+    sd = ldm_unet(unet.state_dict(), unet.config)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    return unet.eval()
+
+
+def check_composed(report, mnt, pipe, folder, tuned, lane):
+    import torch
+    from diffusers import DiffusionPipeline, StableDiffusionXLPipeline
+
+    face = mnt / "local" / "sdxl-tuned" / "latest" / f"{lane}@diffusers"
+    loaded = DiffusionPipeline.from_pretrained(str(face), local_files_only=True)
+    report.check(type(loaded) is StableDiffusionXLPipeline, "composed: @diffusers loads as the pipeline joined",
+                 type(loaded).__name__)
+    want = state_dicts(pipe)
+    want["unet"] = tuned.state_dict()
+    bad = same_tensors(want, state_dicts(loaded))
+    report.check(not bad, "composed: the tuned UNet and every other tensor of the folder", ", ".join(bad[:5]))
+    reference = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)
+    reference.unet = tuned
+    a, b = one_step(reference), one_step(loaded)
+    report.check(torch.equal(a, b), "composed: one inference step equals the folder's with the tuned UNet",
+                 f"max |Δ| {float((a - b).abs().max()):.3g}")
+
+
 def config_diff(ours, theirs, keys):
     """The values of `keys` that differ between two Diffusers configs, as (ours, theirs)."""
     def get(config, key):
@@ -859,6 +899,27 @@ def main():
     report.check(converted.get("converter") == "t5.single_file" and not said.get("warnings"),
                  "t5 alone: recognised as t5.single_file", f"{converted}; warnings: {said.get('warnings')}")
     t5_lane = said["lanes"][0]["lane"]
+    tuned_file = work / "sdxl_tuned_unet.safetensors"
+    tuned = write_tuned_unet(families["sdxl"][0], tuned_file)
+    said = json.loads(tensorfs("import", tuned_file, "--name", "local/sdxl-tuned", "--pipeline", "local/sdxl",
+                               "--json"))
+    converted = said["lanes"][0].get("single_file") or {}
+    report.check((converted.get("converter"), converted.get("pipeline"))
+                 == ("sdxl_unet.single_file", "StableDiffusionXLPipeline") and not said.get("warnings"),
+                 "composed: a tuned UNet alone joins the SDXL folder's pipeline", str(said))
+    # The UNet's own chunks (each tensor padded to 4 KiB, which is much for a tiny model) and
+    # the documents; none of the lane's other tensors.
+    size, lane_bytes = tuned_file.stat().st_size, said["lanes"][0]["tensor_bytes"]
+    added = said["new_bytes"] / size
+    report.check(added <= 1.05 and lane_bytes > 2 * size,
+                 "composed: it adds its own size, the rest of the lane's tensors stored once",
+                 f"{said['new_bytes']} new bytes, {added:.2%} of the file's {size}; the lane's tensors: {lane_bytes}")
+    tuned_lane = said["lanes"][0]["lane"]
+    if args.tfs.is_file():
+        p = subprocess.run([str(args.tfs), "--store", str(store), "verify", "local/sdxl-tuned"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        report.check(p.returncode == 0, "composed: the reference's tfs verify accepts the lane",
+                     (p.stdout + p.stderr).strip().splitlines()[-1] if p.returncode else "")
     transformers_alone = {}
     for kind, (converter, _, _, _) in TRANSFORMERS_ALONE.items():
         folder, file = work / f"{kind}-transformer", work / f"{kind}_alone.safetensors"
@@ -883,6 +944,7 @@ def main():
         for name, (model, lane) in encoders.items():
             check_text_encoder_alone(report, mnt, name, model, lane)
         check_t5_alone(report, mnt, t5, t5_lane)
+        check_composed(report, mnt, families["sdxl"][0], families["sdxl"][1], tuned, tuned_lane)
         for kind, (model, file, lane) in transformers_alone.items():
             check_transformer_alone(report, mnt, kind, model, file, lane)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
