@@ -428,12 +428,18 @@ fn configs(
     let mut derived = BTreeMap::new();
     for converted in &conversion.components {
         let rule = converted.rule;
+        let tensors: Vec<_> = converted
+            .tensors
+            .iter()
+            .chain(&converted.identities)
+            .cloned()
+            .collect();
         let config = configs::config(
             &rule.class,
             family,
             marked.get(&rule.name).unwrap_or(&no_values),
             &rule.name,
-            &converted.tensors,
+            &tensors,
             dtype,
         )
         .map_err(|why| format!("{}'s config: {why}", rule.name))?;
@@ -446,37 +452,21 @@ fn configs(
     Ok(derived)
 }
 
-/// That `derived`, the configs of a model alone joining the pipeline of `header`, fits it: the
-/// converter's family makes that pipeline class (when it makes any), and the derived values
-/// of the keys the converter's `accept` tells models apart by (a UNet's context width and
-/// input channels) are those of the pipeline's component of its name: the pipeline, not the
-/// table's list, says what fits it (a reduced SDXL's narrower context).
+/// That `derived`, the configs of a model alone joining the pipeline of `header`, fits it:
+/// the values of the keys the converter's `accept` tells models apart by (a UNet's context
+/// width and input channels) are those of the pipeline's component of its name, and are
+/// among `accept`'s unless the converter's family makes that pipeline class (the pipeline, not
+/// the table's list, then says what fits: a reduced SDXL's narrower context; an SDXL UNet
+/// still joins no refiner).
 ///
 /// # Errors
-/// The family makes other pipelines, or the first value that differs, with the pipeline's.
+/// The first value that differs from the pipeline's; or one `accept` does not allow, for a
+/// family that makes other pipelines.
 fn fits_joined(
     converter: &crate::layout::convert::Converter,
     derived: &BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
     header: &crate::format::Header,
 ) -> Result<(), String> {
-    // A family whose files make pipelines (SD 1.x, SDXL) makes its models for those only: an
-    // SDXL UNet joins an SDXL pipeline, not the refiner's.
-    let class = header
-        .pipeline
-        .as_ref()
-        .map_or("", |p| p.class.name.as_str());
-    let made: Vec<&str> = table()
-        .converters
-        .iter()
-        .filter(|c| c.family == converter.family)
-        .flat_map(|c| c.pipelines())
-        .collect();
-    if !made.is_empty() && !made.contains(&class) {
-        return Err(format!(
-            "its family's pipelines are {}, not {class}",
-            made.join(", ")
-        ));
-    }
     for (component, key) in converter.accept_keys() {
         let theirs = header.component(component).and_then(|c| c.config.get(key));
         let Some(theirs) = theirs.map(crate::format::Value::to_serde) else {
@@ -490,7 +480,22 @@ fn fits_joined(
             ));
         }
     }
-    Ok(())
+    let Err(why) = converter.accepts(derived) else {
+        return Ok(());
+    };
+    let class = header
+        .pipeline
+        .as_ref()
+        .map_or("", |p| p.class.name.as_str());
+    let family_makes = table()
+        .converters
+        .iter()
+        .filter(|c| c.family == converter.family)
+        .any(|c| c.pipelines().any(|p| p == class));
+    match family_makes {
+        true => Ok(()),
+        false => Err(why),
+    }
 }
 
 /// A converted component's tensors, as the safetensors library writes a file (dtype
@@ -526,6 +531,17 @@ fn tensors(
             ..from.clone()
         };
         made.push((tensor, bytes));
+    }
+    for r in &converted.identities {
+        let from = &c.tensors[r.source];
+        let bytes = identity(&from.dtype, r.shape[0]).map_err(|why| format!("{}: {why}", r.key))?;
+        let tensor = super::scan::SourceTensor {
+            key: r.key.clone(),
+            shape: r.shape.clone(),
+            length: bytes.len() as u64,
+            ..from.clone()
+        };
+        made.push((tensor, Some(bytes.into())));
     }
     made.sort_by(|(a, _), (b, _)| {
         crate::format::safetensors::library_order((&a.dtype, &a.key), (&b.dtype, &b.key))
@@ -591,6 +607,28 @@ fn array_sources(
         out.insert(c.tensors[i].key.clone(), source);
     }
     out
+}
+
+/// A `[width, width]` identity matrix of `dtype`, little-endian.
+///
+/// # Errors
+/// `dtype` is no float of 16, 32 or 64 bits.
+fn identity(dtype: &crate::format::Dtype, width: u64) -> Result<Vec<u8>, String> {
+    use crate::format::Dtype;
+    let one: &[u8] = match dtype {
+        Dtype::F64 => &[0, 0, 0, 0, 0, 0, 0xF0, 0x3F],
+        Dtype::F32 => &[0, 0, 0x80, 0x3F],
+        Dtype::F16 => &[0, 0x3C],
+        Dtype::BF16 => &[0x80, 0x3F],
+        other => return Err(format!("no identity matrix of {other}")),
+    };
+    let (w, n) = (width as usize, one.len());
+    let mut out = vec![0u8; w * w * n];
+    for i in 0..w {
+        let at = (i * w + i) * n;
+        out[at..at + n].copy_from_slice(one);
+    }
+    Ok(out)
 }
 
 /// Rows `ranges` of array `t` of the file at `path`, one after another.

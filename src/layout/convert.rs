@@ -237,6 +237,12 @@ pub(crate) struct ComponentRule {
     reverse: Option<String>,
     /// `[library, class]`.
     pub class: (String, String),
+    /// Square identity matrices the component has that the file does not, by key, each as
+    /// wide as the first extent of the converted tensor named (SD3's CLIP-L, whose pooled
+    /// output goes unprojected, is a `CLIPTextModelWithProjection` with an identity
+    /// projection in Diffusers).
+    #[serde(default)]
+    identity: BTreeMap<String, String>,
 }
 
 /// The table, parsed and checked once.
@@ -372,6 +378,17 @@ fn parse_table(text: &str) -> Result<Table, String> {
             .find(|k| !keymaps.contains_key(*k))
         {
             return Err(format!("{}: no keymap {r:?}", c.name));
+        }
+        // A lane's matrices are not read to make its single file: they could be any.
+        if let Some(r) = c
+            .components
+            .iter()
+            .find(|r| r.reverse.is_some() && !r.identity.is_empty())
+        {
+            return Err(format!(
+                "{}: {} makes identity matrices and so has no reverse keymap",
+                c.name, r.name
+            ));
         }
     }
     Ok(Table {
@@ -930,6 +947,9 @@ pub(crate) struct Converted<'t> {
     pub rule: &'t ComponentRule,
     /// Its tensors, in the file's data order (the import sorts them as Diffusers writes them).
     pub tensors: Vec<Renamed>,
+    /// Its identity matrices ([`ComponentRule`]'s `identity`): each as `key`, `shape` `[w,
+    /// w]`, and `source` the array whose dtype it has; no bytes of the file.
+    pub identities: Vec<Renamed>,
 }
 
 /// A file's arrays, converted.
@@ -1141,7 +1161,34 @@ fn convert<'t>(
                 if unmapped.len() > 3 { ", …" } else { "" }
             ));
         }
-        components.push(Converted { rule, tensors });
+        let mut identities = Vec::with_capacity(rule.identity.len());
+        for (key, width_of) in &rule.identity {
+            let Some(of) = tensors.iter().find(|t| t.key == *width_of) else {
+                return Err(format!(
+                    "{}: it has no {width_of}, whose width {key} has",
+                    rule.name
+                ));
+            };
+            if taken.contains_key(key) {
+                return Err(format!(
+                    "{}: the file holds {key}, which is made",
+                    rule.name
+                ));
+            }
+            let width = of.shape.first().copied().unwrap_or(0);
+            identities.push(Renamed {
+                source: of.source,
+                key: key.clone(),
+                shape: vec![width, width],
+                rows: Vec::new(),
+                transposed: false,
+            });
+        }
+        components.push(Converted {
+            rule,
+            tensors,
+            identities,
+        });
     }
     kept.sort_unstable();
     Ok(Conversion {

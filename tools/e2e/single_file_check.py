@@ -225,6 +225,48 @@ def build_sd2(folder, scratch):
     return pipe
 
 
+def build_sd3(folder, scratch):
+    """A small SD3.5-like pipeline without T5: tiny_dit's MMDiT on 16 latent channels, a
+    16-channel VAE without quant convs (SD3's scaling and shift), CLIP-L- and OpenCLIP-G-like
+    text encoders with projections, the flow-matching scheduler."""
+    import torch
+    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
+                           StableDiffusion3Pipeline)
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
+
+    vocab, merges = clip_tokenizer_files(scratch / "tok")
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77, pad_token="<|endoftext|>")
+    tokenizer_2 = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77, pad_token="!")
+    torch.manual_seed(0)
+    # The text encoders' states (64 + 128 wide) padded to T5's width; their pooled outputs
+    # (64, CLIP-L's unprojected, + 48) side by side.
+    transformer = SD3Transformer2DModel(**dict(tiny_dit.SD3, in_channels=16, out_channels=16,
+                                               joint_attention_dim=256, pooled_projection_dim=112))
+    vae = AutoencoderKL(
+        block_out_channels=(32, 64), in_channels=3, out_channels=3, latent_channels=16, layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=32, sample_size=1024, scaling_factor=1.5305, shift_factor=0.0609, force_upcast=True,
+        use_quant_conv=False, use_post_quant_conv=False)
+
+    def clip(hidden, act, projection):
+        return CLIPTextModelWithProjection(CLIPTextConfig(
+            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=hidden // 64,
+            vocab_size=49408, max_position_embeddings=77, hidden_act=act, projection_dim=projection,
+            bos_token_id=0, eos_token_id=2, pad_token_id=1))
+
+    text_encoder, text_encoder_2 = clip(64, "quick_gelu", 64), clip(128, "gelu", 48)
+    perturb(transformer, vae, text_encoder, text_encoder_2)
+    # SD3 conditions on CLIP-L's pooled output unprojected: Diffusers' projection is the identity.
+    with torch.no_grad():
+        text_encoder.text_projection.weight.copy_(torch.eye(64))
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer.eval(), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae.eval(),
+        text_encoder=text_encoder.eval(), tokenizer=tokenizer, text_encoder_2=text_encoder_2.eval(),
+        tokenizer_2=tokenizer_2, text_encoder_3=None, tokenizer_3=None)
+    save(pipe, folder, scratch)
+    return pipe
+
+
 def build_sd1(folder, scratch):
     import torch
     from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
@@ -336,7 +378,7 @@ def ldm_vae(sd, levels):
 def hf_clip(prefix, model):
     """A CLIPTextModel's tensors as files hold them: `<prefix>text_model.…` (Transformers 5
     names them without `text_model.`)."""
-    return {prefix + (k if k.startswith("text_model.") else "text_model." + k): t
+    return {prefix + (k if k.startswith(("text_model.", "text_projection.")) else "text_model." + k): t
             for k, t in model.state_dict().items()}
 
 
@@ -382,6 +424,17 @@ def single_file(pipe, path, family):
     import torch
     from safetensors.torch import save_file
 
+    if family == "sd3":
+        # As Stability's sd3_medium_incl_clips files are, with a T5 beside the CLIPs, which the
+        # import leaves in the file.
+        sd = {"model.diffusion_model." + k: t for k, t in tiny_dit.sd3_original(pipe.transformer).items()}
+        sd.update(ldm_vae(pipe.vae.state_dict(), len(pipe.vae.config.block_out_channels)))
+        sd.update(hf_clip("text_encoders.clip_l.transformer.", pipe.text_encoder))
+        sd.update(hf_clip("text_encoders.clip_g.transformer.", pipe.text_encoder_2))
+        t5 = {"shared.weight": torch.randn(300, 32), "encoder.final_layer_norm.weight": torch.randn(32)}
+        sd.update({"text_encoders.t5xxl.transformer." + k: t for k, t in t5.items()})
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+        return
     sd = ldm_unet(pipe.unet.state_dict(), pipe.unet.config)
     sd.update(ldm_vae(pipe.vae.state_dict(), len(pipe.vae.config.block_out_channels)))
     if family == "sd1":
@@ -399,11 +452,14 @@ def single_file(pipe, path, family):
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
 
 
-MODELS = {"sd1": ("unet", "vae", "text_encoder"), "sdxl": ("unet", "vae", "text_encoder", "text_encoder_2")}
+MODELS = ("unet", "transformer", "vae", "text_encoder", "text_encoder_2")
+# What diffusers must be told a family's pipeline goes without (SD3's T5, as diffusers'
+# documentation loads SD3 without it).
+WITHOUT = {"sd1": {}, "sd2": {}, "sdxl": {}, "refiner": {}, "sd3": {"text_encoder_3": None, "tokenizer_3": None}}
 
 
 def state_dicts(pipe):
-    names = [n for n in MODELS["sdxl"] if getattr(pipe, n, None) is not None]
+    names = [n for n in MODELS if getattr(pipe, n, None) is not None]
     return {name: getattr(pipe, name).state_dict() for name in names}
 
 
@@ -456,7 +512,7 @@ def check_mounted(report, mnt, family, pipe, folder, file, cls, lane):
     report.check(len(pipelines) == 1, f"{family}: @comfyui/diffusers shows the Diffusers face", str(pipelines))
     report.note(f"{family}: @diffusers holds "
                 + ", ".join(sorted(str(p.relative_to(face)) for p in face.rglob("*") if p.is_file())))
-    loaded = DiffusionPipeline.from_pretrained(str(face), local_files_only=True)
+    loaded = DiffusionPipeline.from_pretrained(str(face), local_files_only=True, **WITHOUT[family])
     report.check(type(loaded) is cls, f"{family}: the face loads as {cls.__name__}", type(loaded).__name__)
     bad = same_tensors(want, state_dicts(loaded))
     report.check(not bad, f"{family}: every tensor of @diffusers equals the folder's", ", ".join(bad[:5]))
@@ -471,6 +527,7 @@ def check_mounted(report, mnt, family, pipe, folder, file, cls, lane):
                 "norm_num_groups", "scaling_factor"],
         "text_encoder": text,
         "text_encoder_2": text + ["projection_dim"],
+        "transformer": TRANSFORMERS_ALONE["sd3"][3],
     }
     for name in want:
         ours, theirs = getattr(loaded, name).config, getattr(pipe, name).config
@@ -482,14 +539,14 @@ def check_mounted(report, mnt, family, pipe, folder, file, cls, lane):
         diff = {k: (get(ours, k), get(theirs, k)) for k in derived[name] if get(ours, k) != get(theirs, k)}
         report.check(not diff, f"{family}: {name}'s derived config equals the folder's", str(diff))
     check_cozytensors(report, family, mounted, "the imported file")
-    again = cls.from_single_file(str(mounted), config=str(face), local_files_only=True)
+    again = cls.from_single_file(str(mounted), config=str(face), local_files_only=True, **WITHOUT[family])
     bad = same_tensors(want, state_dicts(again))
     report.check(not bad, f"{family}: from_single_file(mounted file, config=@diffusers) equals the folder",
                  ", ".join(bad[:5]))
     ids = (loaded.tokenizer or loaded.tokenizer_2)("a photo of a cat").input_ids
     report.check(ids == CLIP_CAT, f"{family}: the bundled CLIP tokenizer gives CLIP's ids", str(ids))
     # The folder as a loader loads it (a pipeline built in memory may attend another way).
-    a, b = one_step(DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)), one_step(loaded)
+    a, b = one_step(DiffusionPipeline.from_pretrained(str(folder), local_files_only=True, **WITHOUT[family])), one_step(loaded)
     report.check(torch.equal(a, b), f"{family}: one inference step from @diffusers equals the folder's",
                  f"max |Δ| {float((a - b).abs().max()):.3g}")
 
@@ -506,6 +563,11 @@ def check_single_face(report, mnt, family, pipe, folder, file, cls):
     if family == "sd2":
         # The folder's text encoder lacks the last layer SD 2.x files carry: no such file.
         report.check(not single, f"{family}: a Diffusers SD 2.x folder has no single-file face", str(faces))
+        return
+    if family == "sd3":
+        # Its CLIP-L's projection must be the identity, which a face made from the header alone
+        # cannot check: none is shown.
+        report.check(not single, f"{family}: a Diffusers SD3 folder has no single-file face", str(faces))
         return
     report.check(len(single) == 1, f"{family}: the Diffusers folder's lane has a single-file face", str(faces))
     if not single:
@@ -815,7 +877,8 @@ def main():
     args = ap.parse_args()
     common.exit_on_signals()
     common.quiet()
-    from diffusers import StableDiffusionPipeline, StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
+    from diffusers import (StableDiffusion3Pipeline, StableDiffusionPipeline, StableDiffusionXLImg2ImgPipeline,
+                           StableDiffusionXLPipeline)
 
     report = common.Report(TOOL)
     work = args.work
@@ -834,11 +897,12 @@ def main():
                                          ("sdxl", build_sdxl, StableDiffusionXLPipeline, []),
                                          ("refiner", build_refiner, StableDiffusionXLImg2ImgPipeline, []),
                                          ("sd2", build_sd2, StableDiffusionPipeline,
-                                          ["--prediction-type", "v_prediction"])):
+                                          ["--prediction-type", "v_prediction"]),
+                                         ("sd3", build_sd3, StableDiffusion3Pipeline, [])):
         folder, file = work / f"{family}-folder", work / f"{family}_tiny.safetensors"
         pipe = build(folder, work)
         single_file(pipe, file, family)
-        oracle = cls.from_single_file(str(file), config=str(folder), local_files_only=True)
+        oracle = cls.from_single_file(str(file), config=str(folder), local_files_only=True, **WITHOUT[family])
         bad = same_tensors(state_dicts(pipe), state_dicts(oracle))
         report.check(not bad, f"{family}: diffusers reads the written single file as the folder", ", ".join(bad[:5]))
         tensorfs("import", folder, "--name", f"local/{family}", "--json")
@@ -853,7 +917,8 @@ def main():
         said = json.loads(tensorfs("import", file, "--name", f"local/{family}-single", "--json", *declared))
         converted = said["lanes"][0].get("single_file") or {}
         want = {"sd1": ("sd1.single_file", None), "sdxl": ("sdxl.single_file", "epsilon"),
-                "refiner": ("sdxl_refiner.single_file", "epsilon"), "sd2": ("sd2.single_file", "v_prediction")}
+                "refiner": ("sdxl_refiner.single_file", "epsilon"), "sd2": ("sd2.single_file", "v_prediction"),
+                "sd3": ("sd3.single_file", None)}
         report.check((converted.get("converter"), converted.get("prediction_type")) == want[family]
                      and converted.get("pipeline") == cls.__name__,
                      f"{family}: the import says how it converted the file", str(converted))

@@ -239,3 +239,24 @@ fn a_flux_transformers_config_is_read_off_whole_weights() {
         "{err}"
     );
 }
+
+#[test]
+fn identity_matrices_are_ones_on_the_diagonal_in_the_files_dtype() {
+    use crate::format::Dtype;
+    let eye = identity(&Dtype::BF16, 3).unwrap();
+    let one = [0x80, 0x3F];
+    let want: Vec<u8> = (0..9)
+        .flat_map(|i| if i % 4 == 0 { one } else { [0, 0] })
+        .collect();
+    assert_eq!(eye, want);
+    assert_eq!(identity(&Dtype::F16, 1).unwrap(), [0, 0x3C]);
+    assert_eq!(
+        f32::from_le_bytes(identity(&Dtype::F32, 1).unwrap().try_into().unwrap()),
+        1.0
+    );
+    assert_eq!(
+        f64::from_le_bytes(identity(&Dtype::F64, 1).unwrap().try_into().unwrap()),
+        1.0
+    );
+    assert!(identity(&Dtype::I8, 2).unwrap_err().contains("I8"));
+}

@@ -858,3 +858,88 @@ fn unequal_fused_rows_and_swapped_halves_reverse_to_the_original_arrays() {
     let err = reverse(&t, &header).unwrap_err();
     assert!(err.contains("adaLN_modulation.1.weight"), "{err}");
 }
+
+#[test]
+fn a_whole_sd3_file_gives_clip_l_an_identity_projection_and_keeps_its_own_and_the_t5() {
+    let owned = keys(&[
+        ("model.diffusion_model.pos_embed", &[1, 16, 8]),
+        (
+            "model.diffusion_model.x_embedder.proj.weight",
+            &[8, 4, 2, 2],
+        ),
+        (
+            "model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight",
+            &[24, 8],
+        ),
+        ("first_stage_model.decoder.conv_in.weight", &[32, 16, 3, 3]),
+        (
+            "text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight",
+            &[100, 64],
+        ),
+        (
+            "text_encoders.clip_l.transformer.text_model.final_layer_norm.weight",
+            &[64],
+        ),
+        (
+            "text_encoders.clip_l.transformer.text_projection.weight",
+            &[64, 64],
+        ),
+        (
+            "text_encoders.clip_g.transformer.text_model.embeddings.token_embedding.weight",
+            &[100, 128],
+        ),
+        (
+            "text_encoders.clip_g.transformer.text_projection.weight",
+            &[48, 128],
+        ),
+        ("text_encoders.t5xxl.transformer.shared.weight", &[300, 32]),
+    ]);
+    let Outcome::Converted(c) = recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap()
+    else {
+        panic!("not converted");
+    };
+    assert_eq!(c.converter.name, "sd3.single_file");
+    let component = |name: &str| c.components.iter().find(|x| x.rule.name == name).unwrap();
+    let clip_l = component("text_encoder");
+    assert_eq!(
+        clip_l
+            .identities
+            .iter()
+            .map(|r| (r.key.as_str(), r.shape.as_slice()))
+            .collect::<Vec<_>>(),
+        [("text_projection.weight", &[64, 64][..])]
+    );
+    assert!(!clip_l
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_projection.weight"));
+    let kept: Vec<&str> = c.kept.iter().map(|&i| owned[i].0.as_str()).collect();
+    assert_eq!(
+        kept,
+        [
+            "text_encoders.clip_l.transformer.text_projection.weight",
+            "text_encoders.t5xxl.transformer.shared.weight"
+        ]
+    );
+    // OpenCLIP-G keeps its own projection.
+    assert!(component("text_encoder_2")
+        .tensors
+        .iter()
+        .any(|r| r.key == "text_projection.weight"));
+}
+
+#[test]
+fn a_component_that_makes_identities_has_no_reverse_keymap() {
+    let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
+    let sd3 = raw["converters"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|c| c["name"] == "sd3.single_file")
+        .unwrap();
+    sd3["components"][2]["reverse"] = "clip_text_reverse".into();
+    let Err(err) = parse_table(&raw.to_string()) else {
+        panic!("parsed");
+    };
+    assert!(err.contains("identity matrices"), "{err}");
+}
