@@ -12,7 +12,8 @@
    `from_single_file(<file>, config=<folder>)` gives back every tensor of the folder.
 2. Imports the folder, then the single file, into one store: the file is recognised as
    `sd1.single_file` and adds at most 2 % of its size (the components are the folder's chunks).
-   The reference's `tfs verify` accepts the converted lane.
+   The reference's `tfs verify` accepts the converted lane. A second SDXL file, a fine-tune with
+   its own UNet and the first's VAE and text encoders, adds its UNet's bytes and no more.
 3. Mounts the store:
    - `<lane>/<file>` is the original file byte for byte;
    - `DiffusionPipeline.from_pretrained(<lane>@diffusers)` (offline) loads every tensor equal to
@@ -61,6 +62,7 @@ Prints PASS/FAIL lines and a closing `RESULT:` line; exits 0 only when every che
 import argparse
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -665,6 +667,28 @@ def write_tuned_unet(pipe, path):
     return unet.eval()
 
 
+def check_fine_tune_shares(report, work, pipe, tensorfs):
+    """A second SDXL single file, a fine-tune with its own UNet and the first's VAE and text
+    encoders (as most SDXL fine-tunes ship), adds its UNet's bytes and no more."""
+    import copy
+
+    from safetensors import safe_open
+
+    tuned = copy.deepcopy(pipe)
+    perturb(tuned.unet)
+    perturb(tuned.unet)  # other weights than write_tuned_unet's
+    file = work / "sdxl_finetune.safetensors"
+    single_file(tuned, file, "sdxl")
+    width = {"F32": 4, "F16": 2, "BF16": 2}
+    with safe_open(str(file), framework="pt") as f:
+        unet_bytes = sum(math.prod(f.get_slice(k).get_shape()) * width[f.get_slice(k).get_dtype()]
+                         for k in f.keys() if k.startswith("model.diffusion_model."))
+    said = json.loads(tensorfs("import", file, "--name", "local/sdxl-finetune", "--json"))
+    added = said["new_bytes"]
+    report.check(added <= 1.05 * unet_bytes, "sdxl: a fine-tune's single file adds its UNet alone (VAE and text "
+                 "encoders stored once)", f"{added} new bytes; its UNet {unet_bytes}, the file {file.stat().st_size}")
+
+
 def check_composed(report, mnt, pipe, folder, tuned, lane):
     import torch
     from diffusers import DiffusionPipeline, StableDiffusionXLPipeline
@@ -964,6 +988,7 @@ def main():
     report.check(converted.get("converter") == "t5.single_file" and not said.get("warnings"),
                  "t5 alone: recognised as t5.single_file", f"{converted}; warnings: {said.get('warnings')}")
     t5_lane = said["lanes"][0]["lane"]
+    check_fine_tune_shares(report, work, families["sdxl"][0], tensorfs)
     tuned_file = work / "sdxl_tuned_unet.safetensors"
     tuned = write_tuned_unet(families["sdxl"][0], tuned_file)
     said = json.loads(tensorfs("import", tuned_file, "--name", "local/sdxl-tuned", "--pipeline", "local/sdxl",
