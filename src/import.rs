@@ -257,65 +257,26 @@ pub fn import(
         return Err(nothing_to_import(&sources[0], &source));
     }
 
-    // Each distinct component (name and weights files) is planned and written once.
-    let mut files: Vec<(PathBuf, chunks::SourceStamp)> = Vec::new();
-    let mut file_index: HashMap<PathBuf, usize> = HashMap::new();
-    let mut planned: HashMap<(String, Vec<PathBuf>), usize> = HashMap::new();
-    let mut plans: Vec<(chunks::Plan, std::ops::Range<usize>)> = Vec::new();
-    let mut jobs = Vec::new();
-    for lane in &lanes {
-        for c in &lane.components {
-            let key = (c.name.clone(), c.weights.clone());
-            if c.borrowed.is_some() || planned.contains_key(&key) {
-                continue;
-            }
-            // Every stored array (markers live in the recipe) and stated part, in order.
-            let stored = stored_parts(c);
-            let items: Vec<chunks::Item> = stored
-                .iter()
-                .map(|(key, length, _)| chunks::Item {
-                    key,
-                    length: *length,
-                })
-                .collect();
-            let plan = chunks::plan(&items);
-            let sources: Vec<chunks::ItemSource> = stored
-                .into_iter()
-                .map(|(_, _, from)| match from {
-                    Stored::Array(i) => {
-                        let t = &c.tensors[i];
-                        let path = &c.weights[t.file];
-                        let index = *file_index.entry(path.clone()).or_insert_with(|| {
-                            files.push((path.clone(), c.stamps[t.file]));
-                            files.len() - 1
-                        });
-                        chunks::ItemSource::File(index, t.offset)
-                    }
-                    Stored::Bytes(bytes) => chunks::ItemSource::Bytes(bytes.into()),
-                })
-                .collect();
-            let first = jobs.len();
-            jobs.extend(chunks::jobs(&plan, &sources));
-            planned.insert(key, plans.len());
-            plans.push((plan, first..jobs.len()));
-        }
-    }
-    let total: u64 = jobs.iter().map(|j| j.length).sum();
+    let planned = plan_chunks(&lanes);
+    let total: u64 = planned.jobs.iter().map(|j| j.length).sum();
     // Every chunk counts as new: which are is known only once they are read.
     store.make_room(total)?;
     progress.start(total);
     let staged_chunks = chunks::write(
         store,
-        &files,
-        &jobs,
+        &planned.files,
+        &planned.jobs,
         config.threads,
         &|n| progress.advance(n),
         config.cancel,
     )?;
     let chunk_refs: Vec<ObjectRef> = staged_chunks.iter().map(|s| *s.object()).collect();
 
-    let mut staged: Vec<Staged> = staged_chunks;
-    let mut file_refs: HashMap<PathBuf, ObjectRef> = HashMap::new();
+    let mut stager = Stager {
+        store,
+        staged: staged_chunks,
+        file_refs: HashMap::new(),
+    };
     let mut reports = Vec::new();
     let mut trees = Vec::new();
     // Lanes share most files: say each skipped file and warning once.
@@ -336,139 +297,15 @@ pub fn import(
                 warnings.push(warning.clone());
             }
         }
-        let mut header = Header {
-            format: HEADER_FORMAT.to_owned(),
-            chunks: Vec::new(),
-            encodings: Vec::new(),
-            pipeline: lane.pipeline.clone(),
-            components: Vec::new(),
-            metadata: BTreeMap::new(),
-        };
-        let mut tensor_bytes = 0;
-        for c in &lane.components {
-            if let Some(b) = &c.borrowed {
-                tensor_bytes += borrow(&mut header, b);
-                continue;
-            }
-            let (plan, range) = &plans[planned[&(c.name.clone(), c.weights.clone())]];
-            let base = header.chunks.len() as u64;
-            header.chunks.extend_from_slice(&chunk_refs[range.clone()]);
-            let located = |place: &Location| match place.length {
-                0 => Location::default(),
-                _ => Location {
-                    chunk: place.chunk + base,
-                    ..*place
-                },
-            };
-            let mut places = plan.places.iter();
-            let mut tensors = Vec::with_capacity(c.items.len());
-            for item in &c.items {
-                match item {
-                    Item::Marker(_) => {}
-                    Item::Plain(i) | Item::Computed(i, _) => {
-                        let t = &c.tensors[*i];
-                        tensor_bytes += t.length;
-                        tensors.push(Tensor {
-                            key: t.key.clone(),
-                            dtype: t.dtype.clone(),
-                            shape: t.shape.clone(),
-                            body: Body::Plain(located(places.next().expect("planned"))),
-                        });
-                    }
-                    Item::Encoded(e) => {
-                        let parts = e
-                            .parts
-                            .iter()
-                            .map(|p| {
-                                let location = located(places.next().expect("planned"));
-                                tensor_bytes += location.length;
-                                Part {
-                                    role: p.role.clone(),
-                                    dtype: p.dtype.clone(),
-                                    shape: p.shape.clone(),
-                                    location,
-                                }
-                            })
-                            .collect();
-                        let encoding = Encoding {
-                            scheme: e.scheme.clone(),
-                            params: e.params.clone(),
-                        };
-                        let index = match header.encodings.iter().position(|x| *x == encoding) {
-                            Some(i) => i,
-                            None => {
-                                header.encodings.push(encoding);
-                                header.encodings.len() - 1
-                            }
-                        };
-                        tensors.push(Tensor {
-                            key: e.key.clone(),
-                            dtype: e.dtype.clone(),
-                            shape: e.shape.clone(),
-                            body: Body::Encoded {
-                                encoding: index,
-                                parts,
-                            },
-                        });
-                    }
-                }
-            }
-            let mut assets = BTreeMap::new();
-            for (rel, asset) in &c.assets {
-                let object = match asset {
-                    lane::Asset::File(path) => {
-                        stage_file(store, path, &mut file_refs, &mut staged)?
-                    }
-                    lane::Asset::Bytes(bytes) => stage_bytes(store, bytes, &mut staged)?,
-                };
-                assets.insert(rel.clone(), object);
-            }
-            header.components.push(Component {
-                name: c.name.clone(),
-                class: c.class.clone(),
-                config: c.config.clone(),
-                tensors,
-                assets,
-                config_file: c.config_file.clone(),
-            });
-        }
-        if !lane.file_metadata.is_empty() {
-            let by_component = lane.file_metadata.iter().map(|(c, m)| {
-                let strings = m.iter().map(|(k, v)| (k.clone(), Value::Text(v.clone())));
-                (c.clone(), Value::map(strings))
-            });
-            header
-                .metadata
-                .insert(FILE_METADATA.into(), Value::map(by_component));
-        }
-        header
-            .metadata
-            .insert(SOURCE_FILES.into(), lane.recipe.to_value());
-        if let Some(single) = &lane.single_file {
-            let record = Value::map([
-                (
-                    "converter".to_owned(),
-                    Value::Text(single.converter.clone()),
-                ),
-                ("file".to_owned(), Value::Text(single.file.clone())),
-                (
-                    "component".to_owned(),
-                    Value::Text(single.component.clone()),
-                ),
-            ]);
-            header.metadata.insert(SINGLE_FILE.into(), record);
-        }
+        let (header, tensor_bytes) = lane_header(lane, &planned, &chunk_refs, &mut stager)?;
         let header_bytes = header.to_cbor().map_err(|source| ImportError::Encode {
             what: format!("the header of lane {}", lane.lane),
             source,
         })?;
-        let header_ref = stage_bytes(store, &header_bytes, &mut staged)?;
+        let header_ref = stager.bytes(&header_bytes)?;
         let mut tree_files = BTreeMap::new();
         for (path, source) in &lane.repo_files {
-            tree_files.insert(
-                path.clone(),
-                stage_file(store, source, &mut file_refs, &mut staged)?,
-            );
+            tree_files.insert(path.clone(), stager.file(source)?);
         }
         tree_files.insert(header_name(&tree_files), header_ref);
         let tree = Tree {
@@ -480,24 +317,13 @@ pub fn import(
                 what: format!("lane {}", lane.lane),
                 source,
             })?;
-        let commit = stage_bytes(store, &tree.to_json(), &mut staged)?;
+        let commit = stager.bytes(&tree.to_json())?;
         trees.push(commit);
         reports.push(LaneReport {
             lane: lane.lane.clone(),
             commit: commit.id(),
             header: header_ref.id(),
-            tensors: lane
-                .components
-                .iter()
-                .map(|c| match &c.borrowed {
-                    Some(b) => b.component.tensors.len(),
-                    None => c
-                        .items
-                        .iter()
-                        .filter(|i| !matches!(i, Item::Marker(_)))
-                        .count(),
-                })
-                .sum(),
+            tensors: header.components.iter().map(|c| c.tensors.len()).sum(),
             tensor_bytes,
             files: view.files.len(),
             single_file: lane.single_file.as_ref().map(|single| SingleFileReport {
@@ -514,6 +340,7 @@ pub fn import(
             }),
         });
     }
+    let staged = stager.staged;
 
     let hub = config.hub.clone().or_else(|| match sources {
         [one] => HubId::of_snapshot(&std::fs::canonicalize(one).unwrap_or_else(|_| one.clone())),
@@ -552,6 +379,239 @@ pub fn import(
     })
 }
 
+/// The chunks of every distinct component of the lanes (by name and weights files; a
+/// borrowed one has none): the source files read, the write jobs, and each component's plan
+/// with its jobs' range.
+struct Planned {
+    files: Vec<(PathBuf, chunks::SourceStamp)>,
+    jobs: Vec<chunks::ChunkJob>,
+    plans: Vec<(chunks::Plan, std::ops::Range<usize>)>,
+    /// Index into `plans` by (component name, weights files).
+    by_component: HashMap<(String, Vec<PathBuf>), usize>,
+}
+
+impl Planned {
+    /// The plan of component `c` and the range of its chunks among the written ones.
+    fn of(&self, c: &lane::ComponentModel) -> &(chunks::Plan, std::ops::Range<usize>) {
+        &self.plans[self.by_component[&(c.name.clone(), c.weights.clone())]]
+    }
+}
+
+/// Plans each distinct component of `lanes` once: every stored array (markers live in the
+/// recipe) and stated part, in order.
+fn plan_chunks(lanes: &[lane::LaneModel]) -> Planned {
+    let mut planned = Planned {
+        files: Vec::new(),
+        jobs: Vec::new(),
+        plans: Vec::new(),
+        by_component: HashMap::new(),
+    };
+    let mut file_index: HashMap<PathBuf, usize> = HashMap::new();
+    for c in lanes.iter().flat_map(|l| &l.components) {
+        let key = (c.name.clone(), c.weights.clone());
+        if c.borrowed.is_some() || planned.by_component.contains_key(&key) {
+            continue;
+        }
+        let stored = stored_parts(c);
+        let items: Vec<chunks::Item> = stored
+            .iter()
+            .map(|(key, length, _)| chunks::Item {
+                key,
+                length: *length,
+            })
+            .collect();
+        let plan = chunks::plan(&items);
+        let sources: Vec<chunks::ItemSource> = stored
+            .into_iter()
+            .map(|(_, _, from)| match from {
+                Stored::Array(i) => {
+                    let t = &c.tensors[i];
+                    let path = &c.weights[t.file];
+                    let index = *file_index.entry(path.clone()).or_insert_with(|| {
+                        planned.files.push((path.clone(), c.stamps[t.file]));
+                        planned.files.len() - 1
+                    });
+                    chunks::ItemSource::File(index, t.offset)
+                }
+                Stored::Bytes(bytes) => chunks::ItemSource::Bytes(bytes.into()),
+            })
+            .collect();
+        let first = planned.jobs.len();
+        planned.jobs.extend(chunks::jobs(&plan, &sources));
+        planned.by_component.insert(key, planned.plans.len());
+        planned.plans.push((plan, first..planned.jobs.len()));
+    }
+    planned
+}
+
+/// Stages the documents and files of an import, once each.
+struct Stager<'s> {
+    store: &'s Store,
+    staged: Vec<Staged>,
+    /// Each source file staged so far, by path.
+    file_refs: HashMap<PathBuf, ObjectRef>,
+}
+
+impl Stager<'_> {
+    fn bytes(&mut self, bytes: &[u8]) -> Result<ObjectRef, ImportError> {
+        stage_bytes(self.store, bytes, &mut self.staged)
+    }
+
+    fn file(&mut self, path: &Path) -> Result<ObjectRef, ImportError> {
+        stage_file(self.store, path, &mut self.file_refs, &mut self.staged)
+    }
+}
+
+/// The header of `lane`: each component's entry (its chunks among `chunk_refs`, the written
+/// ones, or a borrowed component's as its commit has them), the file metadata, the recipe and
+/// a single file's record. Returns it with the bytes of its tensors.
+fn lane_header(
+    lane: &lane::LaneModel,
+    planned: &Planned,
+    chunk_refs: &[ObjectRef],
+    stager: &mut Stager<'_>,
+) -> Result<(Header, u64), ImportError> {
+    let mut header = Header {
+        format: HEADER_FORMAT.to_owned(),
+        chunks: Vec::new(),
+        encodings: Vec::new(),
+        pipeline: lane.pipeline.clone(),
+        components: Vec::new(),
+        metadata: BTreeMap::new(),
+    };
+    let mut tensor_bytes = 0;
+    for c in &lane.components {
+        tensor_bytes += match &c.borrowed {
+            Some(b) => borrow(&mut header, b),
+            None => component_entry(&mut header, c, planned, chunk_refs, stager)?,
+        };
+    }
+    if !lane.file_metadata.is_empty() {
+        let by_component = lane.file_metadata.iter().map(|(c, m)| {
+            let strings = m.iter().map(|(k, v)| (k.clone(), Value::Text(v.clone())));
+            (c.clone(), Value::map(strings))
+        });
+        header
+            .metadata
+            .insert(FILE_METADATA.into(), Value::map(by_component));
+    }
+    header
+        .metadata
+        .insert(SOURCE_FILES.into(), lane.recipe.to_value());
+    if let Some(single) = &lane.single_file {
+        let record = Value::map([
+            (
+                "converter".to_owned(),
+                Value::Text(single.converter.clone()),
+            ),
+            ("file".to_owned(), Value::Text(single.file.clone())),
+            (
+                "component".to_owned(),
+                Value::Text(single.component.clone()),
+            ),
+        ]);
+        header.metadata.insert(SINGLE_FILE.into(), record);
+    }
+    Ok((header, tensor_bytes))
+}
+
+/// Adds component `c`'s entry to `header`: its chunks after the header's, each tensor (plain,
+/// or encoded with its parts) at its planned place, its assets staged. Returns its tensors'
+/// bytes.
+fn component_entry(
+    header: &mut Header,
+    c: &lane::ComponentModel,
+    planned: &Planned,
+    chunk_refs: &[ObjectRef],
+    stager: &mut Stager<'_>,
+) -> Result<u64, ImportError> {
+    let (plan, range) = planned.of(c);
+    let base = header.chunks.len() as u64;
+    header.chunks.extend_from_slice(&chunk_refs[range.clone()]);
+    let located = |place: &Location| match place.length {
+        0 => Location::default(),
+        _ => Location {
+            chunk: place.chunk + base,
+            ..*place
+        },
+    };
+    let mut places = plan.places.iter();
+    let mut tensors = Vec::with_capacity(c.items.len());
+    let mut bytes = 0;
+    for item in &c.items {
+        match item {
+            Item::Marker(_) => {}
+            Item::Plain(i) | Item::Computed(i, _) => {
+                let t = &c.tensors[*i];
+                bytes += t.length;
+                tensors.push(Tensor {
+                    key: t.key.clone(),
+                    dtype: t.dtype.clone(),
+                    shape: t.shape.clone(),
+                    body: Body::Plain(located(places.next().expect("planned"))),
+                });
+            }
+            Item::Encoded(e) => {
+                let parts = e
+                    .parts
+                    .iter()
+                    .map(|p| {
+                        let location = located(places.next().expect("planned"));
+                        bytes += location.length;
+                        Part {
+                            role: p.role.clone(),
+                            dtype: p.dtype.clone(),
+                            shape: p.shape.clone(),
+                            location,
+                        }
+                    })
+                    .collect();
+                let encoding = Encoding {
+                    scheme: e.scheme.clone(),
+                    params: e.params.clone(),
+                };
+                tensors.push(Tensor {
+                    key: e.key.clone(),
+                    dtype: e.dtype.clone(),
+                    shape: e.shape.clone(),
+                    body: Body::Encoded {
+                        encoding: encoding_index(header, &encoding),
+                        parts,
+                    },
+                });
+            }
+        }
+    }
+    let mut assets = BTreeMap::new();
+    for (rel, asset) in &c.assets {
+        let object = match asset {
+            lane::Asset::File(path) => stager.file(path)?,
+            lane::Asset::Bytes(bytes) => stager.bytes(bytes)?,
+        };
+        assets.insert(rel.clone(), object);
+    }
+    header.components.push(Component {
+        name: c.name.clone(),
+        class: c.class.clone(),
+        config: c.config.clone(),
+        tensors,
+        assets,
+        config_file: c.config_file.clone(),
+    });
+    Ok(bytes)
+}
+
+/// The index of `encoding` among `header`'s, added when it is not there yet.
+fn encoding_index(header: &mut Header, encoding: &Encoding) -> usize {
+    match header.encodings.iter().position(|e| e == encoding) {
+        Some(i) => i,
+        None => {
+            header.encodings.push(encoding.clone());
+            header.encodings.len() - 1
+        }
+    }
+}
+
 /// Holds what `base`'s commit names while the import runs, and checks that it is all in
 /// the store.
 ///
@@ -583,13 +643,13 @@ fn hold_borrowed(
 /// tensors' bytes.
 fn borrow(header: &mut Header, b: &lane::Borrowed) -> u64 {
     let mut chunk_of: HashMap<u64, u64> = HashMap::new();
-    let mut located = |place: &Location| -> Location {
+    let mut located = |chunks: &mut Vec<ObjectRef>, place: &Location| -> Location {
         if place.length == 0 {
             return Location::default();
         }
         let chunk = *chunk_of.entry(place.chunk).or_insert_with(|| {
-            header.chunks.push(b.chunks[place.chunk as usize]);
-            header.chunks.len() as u64 - 1
+            chunks.push(b.chunks[place.chunk as usize]);
+            chunks.len() as u64 - 1
         });
         Location { chunk, ..*place }
     };
@@ -599,21 +659,14 @@ fn borrow(header: &mut Header, b: &lane::Borrowed) -> u64 {
         match &mut t.body {
             Body::Plain(place) => {
                 bytes += place.length;
-                *place = located(place);
+                *place = located(&mut header.chunks, place);
             }
             Body::Encoded { encoding, parts } => {
                 for p in parts.iter_mut() {
                     bytes += p.location.length;
-                    p.location = located(&p.location);
+                    p.location = located(&mut header.chunks, &p.location);
                 }
-                let wanted = &b.encodings[*encoding];
-                *encoding = match header.encodings.iter().position(|e| e == wanted) {
-                    Some(i) => i,
-                    None => {
-                        header.encodings.push(wanted.clone());
-                        header.encodings.len() - 1
-                    }
-                };
+                *encoding = encoding_index(header, &b.encodings[*encoding]);
             }
         }
     }
