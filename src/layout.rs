@@ -61,14 +61,16 @@ pub enum Face {
     /// A single-file checkpoint's lane as a Diffusers folder (`<lane>@diffusers`): the
     /// components `model_index.json` lists, as the libraries write them.
     Diffusers,
-    /// A Diffusers pipeline's lane as the single file its components make (`<lane>@single`):
-    /// [`SINGLE_FILE_NAME`], in the key layout of the converter whose pipeline it is
-    /// ([`convert::reverse`]), each array a component's tensor (OpenCLIP's fused arrays its
-    /// row parts one after another, its projection transposed when read).
+    /// A Diffusers pipeline's lane as the single files its components make (`<lane>@single`):
+    /// [`SINGLE_FILE_NAME`], in the key layout of the converter whose pipeline it is, or one
+    /// `<component>.safetensors` per component in its model-alone layout (FLUX.1, SD3:
+    /// ComfyUI's diffusion model, VAE and text encoder files) ([`convert::reverse`]), each
+    /// array a component's tensor's rows (OpenCLIP's fused arrays its row parts one after
+    /// another, its projection transposed when read).
     Single,
 }
 
-/// The file a lane's single-file face holds ([`Face::Single`]).
+/// The file a whole pipeline's single-file face holds ([`Face::Single`]).
 pub const SINGLE_FILE_NAME: &str = "model.safetensors";
 
 /// Why a lane's view cannot be built.
@@ -353,55 +355,62 @@ impl LaneView {
                 .find(|c| c.name == component)
                 .and_then(|c| c.tensors.iter().find(|t| t.key == key))
         };
-        let mut entries = Vec::with_capacity(reversed.arrays.len());
-        let mut arrays = BTreeMap::new();
-        for a in &reversed.arrays {
-            let mut length = 0;
-            let mut dtype = None;
-            for piece in &a.pieces {
-                let t = tensor(&a.component, &piece.tensor).expect("reverse names lane tensors");
-                let Body::Plain(location) = &t.body else {
-                    unreachable!("reverse takes plain tensors only");
+        let mut recipe = SourceFiles::default();
+        for file in &reversed {
+            let mut entries = Vec::with_capacity(file.arrays.len());
+            let mut arrays = BTreeMap::new();
+            for a in &file.arrays {
+                let mut length = 0;
+                let mut dtype = None;
+                for piece in &a.pieces {
+                    let t =
+                        tensor(&a.component, &piece.tensor).expect("reverse names lane tensors");
+                    let Body::Plain(location) = &t.body else {
+                        unreachable!("reverse takes plain tensors only");
+                    };
+                    length += match piece.rows {
+                        None => location.length,
+                        // Reverse splits a tensor only in halves of its rows.
+                        Some((begin, end)) => location.length / t.shape[0] * (end - begin),
+                    };
+                    dtype = Some(&t.dtype);
+                }
+                let dtype = dtype.expect("an array has a tensor");
+                entries.push(safetensors::Entry {
+                    name: &a.key,
+                    dtype,
+                    shape: &a.shape,
+                    length,
+                });
+                let source = match a.pieces.as_slice() {
+                    [one] if one.rows.is_none() => ArraySource::Tensor {
+                        component: a.component.clone(),
+                        tensor: one.tensor.clone(),
+                        transposed: a.transposed,
+                    },
+                    many => ArraySource::Rows {
+                        component: a.component.clone(),
+                        tensors: many.to_vec(),
+                    },
                 };
-                length += match piece.rows {
-                    None => location.length,
-                    // Reverse splits a tensor only in halves of its rows.
-                    Some((begin, end)) => location.length / t.shape[0] * (end - begin),
-                };
-                dtype = Some(&t.dtype);
+                arrays.insert(a.key.clone(), source);
             }
-            let dtype = dtype.expect("an array has a tensor");
-            entries.push(safetensors::Entry {
-                name: &a.key,
-                dtype,
-                shape: &a.shape,
-                length,
-            });
-            let source = match a.pieces.as_slice() {
-                [one] if one.rows.is_none() => ArraySource::Tensor {
-                    component: a.component.clone(),
-                    tensor: one.tensor.clone(),
-                    transposed: a.transposed,
-                },
-                many => ArraySource::Rows {
-                    component: a.component.clone(),
-                    tensors: many.to_vec(),
-                },
+            let metadata = [("format".to_owned(), "pt".to_owned())];
+            let (prefix, _) = safetensors::canonical_header(&entries, Some(&metadata));
+            let text = String::from_utf8(prefix[8..].to_vec()).expect("the header is JSON text");
+            let Some(first) = file.arrays.first() else {
+                continue;
             };
-            arrays.insert(a.key.clone(), source);
+            let component = first.component.clone();
+            recipe.0.insert(
+                file.name.clone(),
+                SourceFile::Safetensors {
+                    component,
+                    header: text,
+                    arrays,
+                },
+            );
         }
-        let metadata = [("format".to_owned(), "pt".to_owned())];
-        let (prefix, _) = safetensors::canonical_header(&entries, Some(&metadata));
-        let text = String::from_utf8(prefix[8..].to_vec()).expect("the header is JSON text");
-        let component = reversed.arrays[0].component.clone();
-        let recipe = SourceFiles(BTreeMap::from([(
-            SINGLE_FILE_NAME.to_owned(),
-            SourceFile::Safetensors {
-                component,
-                header: text,
-                arrays,
-            },
-        )]));
         let chunks: Arc<[ObjectRef]> = header.chunks.clone().into();
         let header_ref = *tree.header().1;
         let shared = Arc::new(header.clone());

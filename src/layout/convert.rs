@@ -1283,6 +1283,9 @@ pub(crate) struct FileArray {
 /// A lane's components as one converter's single file.
 #[derive(Debug)]
 pub(crate) struct Reversed<'t> {
+    /// The file's name in the single-file face: `model.safetensors` for a whole pipeline's,
+    /// `<component>.safetensors` for a model alone's.
+    pub name: String,
     /// The converter whose file it is.
     #[cfg_attr(not(test), allow(dead_code))] // what tests ask of a reversal
     pub converter: &'t Converter,
@@ -1290,11 +1293,15 @@ pub(crate) struct Reversed<'t> {
     pub arrays: Vec<FileArray>,
 }
 
-/// The single file a lane's Diffusers components make, in the layout of the converter whose
+/// The single files a lane's Diffusers components make: the one file of the converter whose
 /// pipeline they are (its `single_when` config values told apart, SD 1.x's quick-GELU text
-/// encoder from SD 2.x's GELU one): each component's tensors through its `reverse` keymap,
-/// under its prefix. The file is checked by converting it back: it must give exactly the
-/// components' tensors, so what loads the file loads the lane.
+/// encoder from SD 2.x's GELU one); else, for a pipeline no converter writes whole (FLUX.1,
+/// SD3 as ComfyUI loads them: diffusion model, VAE and text encoders from their own folders),
+/// one file per weighted component, each the first model-alone converter's (in table order)
+/// that takes a component of its name and class, when every one has one. Each file is each
+/// component's tensors through its `reverse` keymap, under its prefix, and is checked by
+/// converting it back: it must give exactly the components' tensors, so what loads the file
+/// loads the lane.
 ///
 /// # Errors
 /// No converter (or several) makes such a file, a component has encoded tensors, a tensor
@@ -1302,8 +1309,8 @@ pub(crate) struct Reversed<'t> {
 pub(crate) fn reverse<'t>(
     table: &'t Table,
     header: &crate::format::Header,
-) -> Result<Reversed<'t>, String> {
-    use crate::format::{Body, Value};
+) -> Result<Vec<Reversed<'t>>, String> {
+    use crate::format::Value;
     let class = header
         .pipeline
         .as_ref()
@@ -1335,22 +1342,83 @@ pub(crate) fn reverse<'t>(
             })
     };
     let found: Vec<&Converter> = table.converters.iter().filter(fits).collect();
-    let converter = match found.as_slice() {
-        [one] => *one,
-        [] => {
-            return Err(format!(
-                "no converter makes a single file of a {class} of {}",
+    let whole = |converter| {
+        Ok(vec![Reversed {
+            name: super::SINGLE_FILE_NAME.to_owned(),
+            converter,
+            arrays: reverse_by(table, converter, header)?,
+        }])
+    };
+    match found.as_slice() {
+        [one] => whole(one),
+        [] => reverse_alone(table, header).map_err(|why| {
+            format!(
+                "no converter makes a single file of a {class} of {} ({why})",
                 weighted.iter().copied().collect::<Vec<_>>().join(", ")
-            ))
-        }
+            )
+        }),
         many => {
             let names: Vec<&str> = many.iter().map(|c| c.name.as_str()).collect();
-            return Err(format!(
+            Err(format!(
                 "several converters make one ({})",
                 names.join(", ")
-            ));
+            ))
         }
-    };
+    }
+}
+
+/// One file per weighted component of `header`, each by the first model-alone converter that
+/// takes it ([`reverse`]).
+///
+/// # Errors
+/// A weighted component no such converter takes (why each that was tried could not).
+fn reverse_alone<'t>(
+    table: &'t Table,
+    header: &crate::format::Header,
+) -> Result<Vec<Reversed<'t>>, String> {
+    let mut files = Vec::new();
+    for c in header.components.iter().filter(|c| !c.tensors.is_empty()) {
+        let takes = |conv: &&'t Converter| {
+            conv.pipeline.is_none()
+                && matches!(conv.components.as_slice(), [r] if r.reverse.is_some()
+                    && r.name == c.name && r.class.1 == c.class.name)
+        };
+        let mut tried = Vec::new();
+        let found = table.converters.iter().filter(takes).find_map(|conv| {
+            match reverse_by(table, conv, header) {
+                Ok(arrays) => Some(Reversed {
+                    name: format!("{}.safetensors", c.name),
+                    converter: conv,
+                    arrays,
+                }),
+                Err(why) => {
+                    tried.push(format!("{}: {why}", conv.name));
+                    None
+                }
+            }
+        });
+        match found {
+            Some(file) => files.push(file),
+            None if tried.is_empty() => {
+                return Err(format!("no converter of a {} alone", c.class.name))
+            }
+            None => return Err(tried.join("; ")),
+        }
+    }
+    Ok(files)
+}
+
+/// `header`'s components of `converter` as its single file's arrays, checked by converting
+/// them back ([`reverse`]).
+///
+/// # Errors
+/// A component has encoded tensors, a tensor has no rule, or the file would not convert back.
+fn reverse_by(
+    table: &Table,
+    converter: &Converter,
+    header: &crate::format::Header,
+) -> Result<Vec<FileArray>, String> {
+    use crate::format::Body;
     let mut arrays = Vec::new();
     for rule in &converter.components {
         let keymap = rule.reverse.as_deref().expect("checked above");
@@ -1447,7 +1515,7 @@ pub(crate) fn reverse<'t>(
         }
     }
     check_round_trip(table, converter, header, &arrays)?;
-    Ok(Reversed { converter, arrays })
+    Ok(arrays)
 }
 
 /// That `arrays`, converted by `converter`, give back the header's components' tensors: each

@@ -567,9 +567,7 @@ def check_single_face(report, mnt, family, pipe, folder, file, cls):
         report.check(not single, f"{family}: a Diffusers SD 2.x folder has no single-file face", str(faces))
         return
     if family == "sd3":
-        # Its CLIP-L's projection must be the identity, which a face made from the header alone
-        # cannot check: none is shown.
-        report.check(not single, f"{family}: a Diffusers SD3 folder has no single-file face", str(faces))
+        check_split_face(report, mnt, pipe, folder, base / single[0] if single else None)
         return
     report.check(len(single) == 1, f"{family}: the Diffusers folder's lane has a single-file face", str(faces))
     if not single:
@@ -593,6 +591,43 @@ def check_single_face(report, mnt, family, pipe, folder, file, cls):
                    if p.name == f"{family}.safetensors"]
     report.check(len(checkpoints) == 1 and common.sha256_file(checkpoints[0]) == common.sha256_file(made),
                  f"{family}: @comfyui/checkpoints shows the folder's single file", str(checkpoints))
+
+
+def check_split_face(report, mnt, pipe, folder, face):
+    """An SD3 pipeline's single-file face (no converter writes the pipeline whole): a file per
+    component in its model-alone layout, as ComfyUI loads SD3 from its diffusion_models, vae and
+    text_encoders folders; diffusers' own conversions read the transformer and VAE files as the
+    folder's, and the text encoders' files hold the folder's tensors."""
+    import torch
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
+    from safetensors.torch import load_file
+
+    listed = sorted(p.name for p in face.iterdir()) if face else []
+    want = ["text_encoder.safetensors", "text_encoder_2.safetensors", "transformer.safetensors", "vae.safetensors"]
+    report.check(listed == want, "sd3: the Diffusers folder's single-file face is a file per component", str(listed))
+    if listed != want:
+        return
+    transformer = SD3Transformer2DModel.from_single_file(str(face / "transformer.safetensors"), config=str(folder),
+                                                         subfolder="transformer", local_files_only=True)
+    vae = AutoencoderKL.from_single_file(str(face / "vae.safetensors"), config=str(folder), subfolder="vae",
+                                         local_files_only=True)
+    bad = same_tensors({"transformer": pipe.transformer.state_dict(), "vae": pipe.vae.state_dict()},
+                       {"transformer": transformer.state_dict(), "vae": vae.state_dict()})
+    report.check(not bad, "sd3: from_single_file of @single's transformer and VAE files equals the folder's",
+                 ", ".join(bad[:5]))
+    for name in ("text_encoder", "text_encoder_2"):
+        ours = {k.removeprefix("text_model."): t for k, t in load_file(str(face / f"{name}.safetensors")).items()}
+        theirs = {k.removeprefix("text_model."): t for k, t in getattr(pipe, name).state_dict().items()}
+        differ = sorted(k for k in set(ours) | set(theirs)
+                        if k not in ours or k not in theirs or not torch.equal(ours[k], theirs[k]))
+        report.check(not differ, f"sd3: @single's {name} file holds the folder's {name}", str(differ[:5]))
+    comfy = mnt / "@comfyui"
+    shown = {folder_name: sorted(p.name for p in (comfy / folder_name).rglob("*.safetensors") if "/local/sd3/" in str(p))
+             for folder_name in ("diffusion_models", "vae", "text_encoders")}
+    report.check(shown == {"diffusion_models": ["transformer.safetensors"], "vae": ["vae.safetensors"],
+                           "text_encoders": ["text_encoder.safetensors", "text_encoder_2.safetensors"]},
+                 "sd3: @comfyui shows each file in its folder", str(shown))
+    check_cozytensors(report, "sd3", face / "transformer.safetensors", "@single's transformer")
 
 
 def check_cozytensors(report, family, path, what):

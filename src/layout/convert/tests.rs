@@ -516,6 +516,15 @@ fn lane_of(c: &Conversion<'_>, pipeline: &str, hidden_act: &str) -> crate::forma
     }
 }
 
+/// The one file of a whole pipeline's reversal.
+fn whole(reversed: Result<Vec<Reversed<'_>>, String>) -> Reversed<'_> {
+    let mut files = reversed.unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = files.remove(0);
+    assert_eq!(file.name, "model.safetensors");
+    file
+}
+
 #[test]
 fn a_diffusers_lane_becomes_the_single_file_it_came_from() {
     let owned = sd1_like();
@@ -524,7 +533,7 @@ fn a_diffusers_lane_becomes_the_single_file_it_came_from() {
         panic!("not converted");
     };
     let header = lane_of(&c, "StableDiffusionPipeline", "quick_gelu");
-    let reversed = reverse(table(), &header).unwrap();
+    let reversed = whole(reverse(table(), &header));
     assert_eq!(reversed.converter.name, "sd1.single_file");
     let mut got: Vec<(String, Vec<u64>)> = reversed
         .arrays
@@ -568,7 +577,7 @@ fn openclips_q_k_v_fuse_back_and_the_projection_transposes_back() {
         panic!("not converted");
     };
     let header = lane_of(&c, "StableDiffusionXLImg2ImgPipeline", "gelu");
-    let reversed = reverse(table(), &header).unwrap();
+    let reversed = whole(reverse(table(), &header));
     assert_eq!(reversed.converter.name, "sdxl_refiner.single_file");
     let fused = reversed
         .arrays
@@ -826,7 +835,7 @@ fn unequal_fused_rows_and_swapped_halves_reverse_to_the_original_arrays() {
         .unwrap();
     let c = convert(&t, converter, &source(&owned)).unwrap();
     let header = lane_of(&c, "FluxTestPipeline", "");
-    let reversed = reverse(&t, &header).unwrap();
+    let reversed = whole(reverse(&t, &header));
     let array = |key: &str| {
         let a = reversed.arrays.iter().find(|a| a.key.ends_with(key));
         a.unwrap_or_else(|| panic!("no {key}")).clone()
@@ -942,4 +951,49 @@ fn a_component_that_makes_identities_has_no_reverse_keymap() {
         panic!("parsed");
     };
     assert!(err.contains("identity matrices"), "{err}");
+}
+
+#[test]
+fn a_pipeline_no_converter_writes_whole_is_a_file_per_component_in_its_alone_layout() {
+    let owned = flux_like(56);
+    let Outcome::Converted(c) = recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap()
+    else {
+        panic!("not converted");
+    };
+    let header = lane_of(&c, "FluxPipeline", "");
+    let files = reverse(table(), &header).unwrap();
+    let [file] = files.as_slice() else {
+        panic!("{files:?}");
+    };
+    assert_eq!(file.name, "transformer.safetensors");
+    assert_eq!(file.converter.name, "flux_transformer.single_file");
+    // The original keys, bare, as Black Forest Labs ship them.
+    let mut got: Vec<&str> = file.arrays.iter().map(|a| a.key.as_str()).collect();
+    got.sort_unstable();
+    let mut want: Vec<&str> = owned
+        .iter()
+        .map(|(k, _)| k.strip_prefix("model.diffusion_model.").unwrap())
+        .collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+    let adaln = file
+        .arrays
+        .iter()
+        .find(|a| a.key == "final_layer.adaLN_modulation.1.weight")
+        .unwrap();
+    assert_eq!(
+        adaln.pieces,
+        [(8, 16), (0, 8)].map(|r| TensorRows::part("norm_out.linear.weight", r))
+    );
+    // A component no model-alone converter writes leaves the pipeline without one.
+    let mut with_unet = header.clone();
+    let mut unet = with_unet.components[0].clone();
+    unet.name = "unet".into();
+    unet.class.name = "UNet2DConditionModel".into();
+    with_unet.components.push(unet);
+    let err = reverse(table(), &with_unet).unwrap_err();
+    assert!(
+        err.contains("no converter of a UNet2DConditionModel alone"),
+        "{err}"
+    );
 }
