@@ -25,7 +25,14 @@
    (OpenCLIP-G alone, aesthetic-score time embeddings: StableDiffusionXLImg2ImgPipeline) and a
    small SD 2.x (OpenCLIP-H in the file's layout with one layer more than the model uses, as
    SD 2.x conditions on the penultimate layer; linear projections; v-prediction, which the
-   import is told with --prediction-type after it refused the file without it).
+   import is told with --prediction-type after it refused the file without it), and a small
+   SD3.5-like StableDiffusion3Pipeline without T5 (written as Stability's whole checkpoints are,
+   a T5 beside the CLIPs: its CLIP-L gets Diffusers' identity projection, the file's own and the
+   T5 stay in the file; loaded with text_encoder_3=None, tokenizer_3=None as diffusers loads SD3
+   without T5). The SD3 folder's `<lane>@single` face is a file per component (transformer,
+   VAE, text encoders in their model-alone layouts, as ComfyUI loads SD3), which diffusers'
+   from_single_file reads as the folder's and `@comfyui` shows in diffusion_models, vae and
+   text_encoders.
 4. UNets alone (ComfyUI's diffusion_models): a small SD 1.x UNet (context 768) with bare CompVis
    keys and a small SDXL UNet (context 2048) under `model.diffusion_model.`, as ComfyUI saves a
    model alone: each is recognised by its context width, and its `<lane>@diffusers` folder
