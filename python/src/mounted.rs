@@ -121,6 +121,55 @@ struct AnswerPart {
     extents: Vec<(usize, u64, u64, u64)>,
 }
 
+/// The daemon's answer in `text`, checked so that reading by it gives the file's bytes or an
+/// error, never other bytes: every decoded tensor has its range; each part's extents name
+/// blobs of the answer, lie inside them, and cover the part's range of the file in order,
+/// without gap or overlap.
+///
+/// # Errors
+/// What breaks the ABI, for an `EPROTO` error.
+fn parse(text: &[u8]) -> Result<Answer, String> {
+    let answer: Answer = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+    for tensor in &answer.tensors {
+        if tensor.decoded {
+            if !matches!((tensor.begin, tensor.end), (Some(b), Some(e)) if b <= e) {
+                return Err("a decoded tensor without its range".into());
+            }
+            continue;
+        }
+        for part in &tensor.parts {
+            let mut at = part.begin;
+            for &(blob, offset, length, file_offset) in &part.extents {
+                let Some((sha, blob_length, _)) = answer.blobs.get(blob) else {
+                    return Err(format!("an extent of blob {blob}, which it does not list"));
+                };
+                if offset
+                    .checked_add(length)
+                    .is_none_or(|end| end > *blob_length)
+                {
+                    return Err(format!(
+                        "an extent past the end of blob {sha} ({offset} + {length} > {blob_length})"
+                    ));
+                }
+                if file_offset != at {
+                    return Err(format!(
+                        "part {}..{}: an extent at {file_offset}, where {at} was next",
+                        part.begin, part.end
+                    ));
+                }
+                at += length;
+            }
+            if at != part.end {
+                return Err(format!(
+                    "part {}..{}: its extents end at {at}",
+                    part.begin, part.end
+                ));
+            }
+        }
+    }
+    Ok(answer)
+}
+
 /// Every tensor of the mounted file open as descriptor `fd` (named `path` in errors) and where
 /// its bytes lie, in one query (the extents ioctl's ABI 2), which also keeps the file's blobs
 /// present while `fd` stays open. Returns `(store, parts, decoded)`: the store's root; a dict
@@ -152,7 +201,7 @@ pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound
             format!("{path}: the daemon's description of the file: {why}"),
         )
     };
-    let answer: Answer = serde_json::from_slice(&text).map_err(|e| malformed(e.to_string()))?;
+    let answer = parse(&text).map_err(malformed)?;
     // One string and one stamp object per blob, shared by its extents.
     let blobs = answer
         .blobs
@@ -168,11 +217,8 @@ pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound
     let parts = PyDict::new(py);
     let mut decoded = Vec::new();
     for tensor in &answer.tensors {
-        if tensor.decoded {
-            match (tensor.begin, tensor.end) {
-                (Some(begin), Some(end)) => decoded.push((begin, end)),
-                _ => return Err(malformed("a decoded tensor without begin and end".into())),
-            }
+        if let (true, Some(begin), Some(end)) = (tensor.decoded, tensor.begin, tensor.end) {
+            decoded.push((begin, end));
             continue;
         }
         for part in &tensor.parts {
@@ -180,12 +226,9 @@ pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound
                 .extents
                 .iter()
                 .map(|&(blob, offset, length, file_offset)| {
-                    let (sha, blob_length, stamp) = blobs
-                        .get(blob)
-                        .ok_or_else(|| malformed(format!("no blob {blob}")))?;
-                    Ok((sha, blob_length, offset, length, file_offset, stamp))
-                })
-                .collect::<PyResult<Vec<_>>>()?;
+                    let (sha, blob_length, stamp) = &blobs[blob];
+                    (sha, blob_length, offset, length, file_offset, stamp)
+                });
             parts.set_item((part.begin, part.end), PyTuple::new(py, extents)?)?;
         }
     }
@@ -198,4 +241,56 @@ pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound
             decoded.into_any(),
         ],
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    /// An answer of one 16-byte blob and one tensor at `[100, 116)` whose extents are `extents`.
+    fn answer(extents: &str) -> String {
+        format!(
+            r#"{{"store": "/s", "blobs": [["{sha}", 16, null]],
+               "tensors": [{{"begin": 100, "end": 116, "parts": [{{"begin": 100, "end": 116,
+               "extents": {extents}}}]}}]}}"#,
+            sha = "ab".repeat(32)
+        )
+    }
+
+    #[test]
+    fn extents_that_cover_their_part_within_their_blobs_are_taken() {
+        assert!(parse(answer("[[0, 0, 16, 100]]").as_bytes()).is_ok());
+        assert!(parse(answer("[[0, 8, 8, 100], [0, 0, 8, 108]]").as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn an_answer_that_would_give_other_bytes_is_refused() {
+        for (extents, why) in [
+            ("[[1, 0, 16, 100]]", "does not list"),
+            ("[[0, 8, 16, 100]]", "past the end of blob"),
+            (
+                "[[0, 18446744073709551615, 2, 100]]",
+                "past the end of blob",
+            ),
+            ("[[0, 0, 8, 100]]", "end at 108"),
+            (
+                "[[0, 0, 8, 100], [0, 0, 8, 104]]",
+                "at 104, where 108 was next",
+            ),
+            (
+                "[[0, 0, 8, 108], [0, 0, 8, 100]]",
+                "at 108, where 100 was next",
+            ),
+        ] {
+            let err = parse(answer(extents).as_bytes()).err().unwrap();
+            assert!(err.contains(why), "{extents}: {err}");
+        }
+        let err = parse(br#"{"store": "/s", "blobs": [], "tensors": [{"decoded": true}]}"#);
+        assert!(err.err().unwrap().contains("without its range"));
+        assert!(parse(b"{not json").is_err());
+        assert!(
+            parse(br#"{"store": "/s"}"#).is_err(),
+            "no blobs, no tensors"
+        );
+    }
 }
