@@ -629,8 +629,9 @@ fn hold_borrowed(
         .find(|o| std::fs::symlink_metadata(store.object_path(o)).is_err())
     {
         return Err(ImportError::Usage(format!(
-            "--pipeline {}: object {} is not in the store (a lazily mounted model's, never \
-             read): read its files through the mount first",
+            "--pipeline {}: object {} of its commit is not in the store: a lazily mounted \
+             model's never read (read its files through the mount first), or a damaged store \
+             (tensorfs verify --repair)",
             base.name,
             missing.id()
         )));

@@ -666,12 +666,12 @@ fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
             Box::new(move |t| {
                 t.push((format!("{u}input_blocks.01.0.in_layers.0.weight"), vec![4]))
             }),
-            "have no rule",
+            "has no rule",
         ),
         (
             "trailing_dot",
             Box::new(move |t| t.push((format!("{u}time_embed.0."), vec![4]))),
-            "have no rule",
+            "has no rule",
         ),
         (
             "conv_in_2d",
@@ -1296,7 +1296,10 @@ fn a_pipeline_a_file_cannot_join_is_refused_by_name_and_nothing_is_stored() {
         .collect();
     let narrow = write(tmp.path(), "narrow.safetensors", &narrow);
     let t5 = write(tmp.path(), "t5.safetensors", &t5_tensors(2, true, false));
-    let clip = write(tmp.path(), "clip.safetensors", &clip_tensors(64, true));
+    // As wide as the base's text encoder, with its projection's width: only the class differs.
+    let mut clip = clip_tensors(64, true);
+    clip.last_mut().unwrap().1 = vec![768, 64];
+    let clip = write(tmp.path(), "clip.safetensors", &clip);
     let unknown = write(
         tmp.path(),
         "unknown.safetensors",
@@ -1321,7 +1324,7 @@ fn a_pipeline_a_file_cannot_join_is_refused_by_name_and_nothing_is_stored() {
         (
             &clip,
             "local/base",
-            "its text_encoder is a CLIPTextModel, the file's a CLIPTextModelWithProjection",
+            "its text_encoder is of class CLIPTextModel, the file's of CLIPTextModelWithProjection",
         ),
         (&narrow, "local/unet", "it is no pipeline"),
         (

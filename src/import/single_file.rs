@@ -242,7 +242,7 @@ fn compose(
             }
             Some(theirs) if theirs.class.name != ours.class.name => {
                 return Err(format!(
-                    "its {} is a {}, the file's a {}",
+                    "its {} is of class {}, the file's of {}",
                     ours.name, theirs.class.name, ours.class.name
                 ))
             }
@@ -454,7 +454,8 @@ fn configs(
 
 /// That `derived`, the configs of a model alone joining the pipeline of `header`, fits it:
 /// the values of the keys the converter's `accept` tells models apart by (a UNet's context
-/// width and input channels) are those of the pipeline's component of its name, and are
+/// width and input channels) and of its `joins` (the widths by which a model meets the
+/// pipeline's others) are those of the pipeline's component of its name, and `accept`'s are
 /// among `accept`'s unless the converter's family makes that pipeline class (the pipeline, not
 /// the table's list, then says what fits: a reduced SDXL's narrower context; an SDXL UNet
 /// still joins no refiner).
@@ -467,7 +468,7 @@ fn fits_joined(
     derived: &BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
     header: &crate::format::Header,
 ) -> Result<(), String> {
-    for (component, key) in converter.accept_keys() {
+    for (component, key) in converter.joined_keys() {
         let theirs = header.component(component).and_then(|c| c.config.get(key));
         let Some(theirs) = theirs.map(crate::format::Value::to_serde) else {
             continue;

@@ -117,6 +117,11 @@ pub(crate) struct Converter {
     /// quick-GELU, SD 2.x's GELU).
     #[serde(default)]
     single_when: BTreeMap<String, BTreeMap<String, Vec<serde_json::Value>>>,
+    /// Config keys, by component, whose values a model alone must share with the component of
+    /// a pipeline it joins (`import --pipeline`): the widths by which it meets the pipeline's
+    /// other models (a transformer's latent channels, context and pooled widths).
+    #[serde(default)]
+    joins: BTreeMap<String, Vec<String>>,
     /// Other pipeline classes, for files whose derived configs have these values (an
     /// inpainting UNet's 9 input channels), tried in order.
     #[serde(default)]
@@ -190,11 +195,18 @@ impl Converter {
             .chain(self.variants.iter().map(|v| v.pipeline.as_str()))
     }
 
-    /// The config keys `accept` constrains, as (component, key).
-    pub(crate) fn accept_keys(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.accept
+    /// The config keys a model alone must share with a pipeline it joins, as (component,
+    /// key): those `accept` constrains, and `joins`.
+    pub(crate) fn joined_keys(&self) -> impl Iterator<Item = (&str, &str)> {
+        let accepted = self
+            .accept
             .iter()
-            .flat_map(|(c, keys)| keys.keys().map(move |k| (c.as_str(), k.as_str())))
+            .flat_map(|(c, keys)| keys.keys().map(move |k| (c.as_str(), k.as_str())));
+        let joined = self
+            .joins
+            .iter()
+            .flat_map(|(c, keys)| keys.iter().map(move |k| (c.as_str(), k.as_str())));
+        accepted.chain(joined)
     }
 
     /// The pipeline class for a file whose components have the `derived` configs: the first
@@ -1153,9 +1165,12 @@ fn convert<'t>(
         }
         if !unmapped.is_empty() {
             let shown: Vec<&str> = unmapped.iter().take(3).copied().collect();
+            let (count, have) = match unmapped.len() {
+                1 => ("a key".to_owned(), "has"),
+                n => (format!("{n} keys"), "have"),
+            };
             return Err(format!(
-                "{} keys of {} have no rule ({}{})",
-                unmapped.len(),
+                "{count} of {} {have} no rule ({}{})",
                 rule.name,
                 shown.join(", "),
                 if unmapped.len() > 3 { ", …" } else { "" }

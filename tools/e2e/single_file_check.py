@@ -1065,6 +1065,14 @@ def main():
         report.check(added <= 0.02, f"{kind} alone: the file adds at most 2 % to its Diffusers folder's store",
                      f"{said['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")
         transformers_alone[kind] = (model, file, said["lanes"][0]["lane"])
+    # A transformer whose widths are not the pipeline's (4 latent channels against its VAE's 16)
+    # joins no pipeline: the pipeline would fail at its first step.
+    p = subprocess.run([str(args.tensorfs), "--store", str(store), "import", str(work / "sd3_alone.safetensors"),
+                        "--name", "local/sd3-joined", "--pipeline", "local/sd3"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL)
+    report.check(p.returncode != 0 and "in_channels is 4, and the pipeline's transformer has 16" in p.stderr,
+                 "sd3 alone: a transformer of other widths than the pipeline's does not join it",
+                 p.stderr.strip()[-300:])
 
     mnt = work / "mnt"
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):

@@ -558,7 +558,7 @@ fn flux_transformer(s: &Shapes<'_>, family: &Value) -> Result<Map<String, Value>
         let query = s.dim(&format!("{block}.attn.to_q.weight"), 2, 0)?;
         if query != hidden {
             return Err(format!(
-                "single block {b}'s fused projection is no q/k/v of {hidden} channels and an MLP                  four times as wide"
+                "single block {b}'s fused projection is no q/k/v of {hidden} channels and an MLP four times as wide"
             ));
         }
     }
