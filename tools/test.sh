@@ -137,7 +137,7 @@ if [ $run_e2e = 1 ]; then
     step "tools/bench JSON has every section" "$py" - "$work/bench.json" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
-want = ["io", "import", "read", "mmap", "safe_open", "python", "views", "rss", "decode", "gpu"]
+want = ["io", "import", "read", "mmap", "safe_open", "python", "views", "single_file", "rss", "decode", "gpu"]
 sections = report["sections"]
 bad = [s for s in want if sections.get(s, {}).get("status") != "ran"
        and not (s == "gpu" and sections.get(s, {}).get("reason", "").startswith("skipped: no GPU"))]
