@@ -69,14 +69,29 @@ fn sd1_tensors() -> Vec<(String, Vec<usize>)> {
     add(&c("embeddings.token_embedding.weight"), &[100, 64]);
     add(&c("embeddings.position_embedding.weight"), &[77, 64]);
     add(&c("embeddings.position_ids"), &[1, 77]);
-    for l in 0..2 {
-        add(
-            &c(&format!("encoder.layers.{l}.mlp.fc1.weight")),
-            &[128, 64],
-        );
-    }
-    add("alphas_cumprod", &[1000]);
+    clip_layers("cond_stage_model.transformer.text_model.", 64, 2, &mut t);
+    t.push(("alphas_cumprod".into(), vec![1000]));
     t
+}
+
+/// A CLIP text model's `layers` whole encoder layers, `hidden` wide, and its final layer norm,
+/// under `prefix` (`text_model.`).
+fn clip_layers(prefix: &str, hidden: usize, layers: usize, t: &mut Vec<(String, Vec<usize>)>) {
+    let mut add = |name: String, shape: Vec<usize>| {
+        t.push((format!("{prefix}{name}.bias"), vec![shape[0]]));
+        t.push((format!("{prefix}{name}.weight"), shape));
+    };
+    for l in 0..layers {
+        let layer = format!("encoder.layers.{l}");
+        for p in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+            add(format!("{layer}.self_attn.{p}"), vec![hidden, hidden]);
+        }
+        add(format!("{layer}.layer_norm1"), vec![hidden]);
+        add(format!("{layer}.layer_norm2"), vec![hidden]);
+        add(format!("{layer}.mlp.fc1"), vec![2 * hidden, hidden]);
+        add(format!("{layer}.mlp.fc2"), vec![hidden, 2 * hidden]);
+    }
+    add("final_layer_norm".into(), vec![hidden]);
 }
 
 fn write(dir: &Path, name: &str, tensors: &[(String, Vec<usize>)]) -> std::path::PathBuf {
@@ -962,19 +977,9 @@ fn clip_tensors(hidden: usize, projection: bool) -> Vec<(String, Vec<usize>)> {
         &[77, hidden],
     );
     add("text_model.embeddings.position_ids", &[1, 77]);
-    for l in 0..2 {
-        add(
-            &format!("text_model.encoder.layers.{l}.mlp.fc1.weight"),
-            &[2 * hidden, hidden],
-        );
-        add(
-            &format!("text_model.encoder.layers.{l}.self_attn.q_proj.weight"),
-            &[hidden, hidden],
-        );
-    }
-    add("text_model.final_layer_norm.weight", &[hidden]);
+    clip_layers("text_model.", hidden, 2, &mut t);
     if projection {
-        add("text_projection.weight", &[hidden, hidden]);
+        t.push(("text_projection.weight".into(), vec![hidden, hidden]));
     }
     t
 }

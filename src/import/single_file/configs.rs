@@ -350,9 +350,35 @@ fn clip_text(
     if hidden % width != 0 {
         return Err(format!("{hidden} channels are not heads {width} wide"));
     }
-    if s.count("text_model.encoder.layers.") == 0 {
+    let layers = s.count("text_model.encoder.layers.");
+    if layers == 0 {
         return Err("it has no encoder layers left to convert".into());
     }
+    // Transformers makes up a tensor a file lacks: every layer must be whole.
+    let mut linears = vec!["text_model.final_layer_norm".to_owned()];
+    for l in 0..layers {
+        let layer = format!("text_model.encoder.layers.{l}");
+        for part in [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.out_proj",
+            "layer_norm1",
+            "layer_norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ] {
+            linears.push(format!("{layer}.{part}"));
+        }
+    }
+    let mut others = vec![
+        embedding.to_owned(),
+        "text_model.embeddings.position_embedding.weight".to_owned(),
+    ];
+    if s.has("text_projection.weight") {
+        others.push("text_projection.weight".into());
+    }
+    exactly(s, &linears, others, "a CLIP text model")?;
     let mut config = Map::new();
     config.insert("model_type".into(), json!("clip_text_model"));
     config.insert("vocab_size".into(), json!(s.dim(embedding, 2, 0)?));

@@ -78,8 +78,38 @@ fn a_text_encoder_with_projection_needs_its_projection() {
     let mut tensors = vec![
         tensor("text_model.embeddings.token_embedding.weight", &[100, 64]),
         tensor("text_model.embeddings.position_embedding.weight", &[77, 64]),
-        tensor("text_model.encoder.layers.0.mlp.fc1.weight", &[128, 64]),
     ];
+    let layer = "text_model.encoder.layers.0";
+    for (name, shape) in [
+        ("self_attn.q_proj", &[64, 64][..]),
+        ("self_attn.k_proj", &[64, 64]),
+        ("self_attn.v_proj", &[64, 64]),
+        ("self_attn.out_proj", &[64, 64]),
+        ("layer_norm1", &[64]),
+        ("layer_norm2", &[64]),
+        ("mlp.fc1", &[128, 64]),
+        ("mlp.fc2", &[64, 128]),
+    ] {
+        tensors.push(tensor(&format!("{layer}.{name}.weight"), shape));
+        tensors.push(tensor(&format!("{layer}.{name}.bias"), &shape[..1]));
+    }
+    tensors.push(tensor("text_model.final_layer_norm.weight", &[64]));
+    tensors.push(tensor("text_model.final_layer_norm.bias", &[64]));
+    // Transformers would make up a missing one.
+    let lacking: Vec<_> = tensors[..tensors.len() - 1].to_vec();
+    let err = configs::config(
+        &("transformers".to_owned(), "CLIPTextModel".to_owned()),
+        &table().families["sdxl"],
+        &Default::default(),
+        "text_encoder",
+        &lacking,
+        "F32",
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("no tensor text_model.final_layer_norm.bias"),
+        "{err}"
+    );
     let family = &table().families["sdxl"];
     let class = (
         "transformers".to_owned(),
