@@ -378,7 +378,13 @@ fn clip_text(
     if s.has("text_projection.weight") {
         others.push("text_projection.weight".into());
     }
-    exactly(s, &linears, others, "a CLIP text model")?;
+    let mut want = Want::default();
+    for l in &linears {
+        want.0.insert(format!("{l}.weight"), None);
+        want.0.insert(format!("{l}.bias"), None);
+    }
+    want.0.extend(others.into_iter().map(|k| (k, None)));
+    want.exactly(s, "a CLIP text model")?;
     let mut config = Map::new();
     config.insert("model_type".into(), json!("clip_text_model"));
     config.insert("vocab_size".into(), json!(s.dim(embedding, 2, 0)?));
@@ -482,31 +488,6 @@ fn t5_encoder(s: &Shapes<'_>, dtype: &str) -> Result<Map<String, Value>, String>
     Ok(config)
 }
 
-/// The linear layers of every joint-attention block (FLUX.1's double blocks, SD3's joint
-/// blocks), as Diffusers names them: both streams' modulation, queries, keys and values, the
-/// image stream's output projection and MLP.
-const JOINT_BLOCK: [&str; 11] = [
-    "norm1.linear",
-    "norm1_context.linear",
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_out.0",
-    "ff.net.0.proj",
-    "ff.net.2",
-];
-
-/// A joint block's context-stream layers after attention, in every block where that stream
-/// goes on (all of FLUX.1's; all but SD3's last).
-const CONTEXT_GOES_ON: [&str; 3] = [
-    "attn.to_add_out",
-    "ff_context.net.0.proj",
-    "ff_context.net.2",
-];
-
 /// A joint block's q/k norms (FLUX.1's always, SD3.5's).
 const JOINT_NORMS: [&str; 4] = [
     "attn.norm_q",
@@ -520,10 +501,10 @@ const JOINT_NORMS: [&str; 4] = [
 /// class's. The head width is the q/k norms'; the rotary axes, which weights cannot tell, are
 /// the family's and must add up to it.
 fn flux_transformer(s: &Shapes<'_>, family: &Value) -> Result<Map<String, Value>, String> {
-    let hidden = s.dim("x_embedder.weight", 2, 0)?;
+    let h = s.dim("x_embedder.weight", 2, 0)?;
     let head = s.dim("transformer_blocks.0.attn.norm_q.weight", 1, 0)?;
-    if hidden % head != 0 {
-        return Err(format!("{hidden} channels are not heads {head} wide"));
+    if h % head != 0 {
+        return Err(format!("{h} channels are not heads {head} wide"));
     }
     let axes: Vec<u64> = family
         .get("axes_dims_rope")
@@ -540,64 +521,62 @@ fn flux_transformer(s: &Shapes<'_>, family: &Value) -> Result<Map<String, Value>
         s.count("single_transformer_blocks."),
     );
     let guidance = s.has("time_text_embed.guidance_embedder.linear_1.weight");
-    let mut linears = vec![
-        "time_text_embed.timestep_embedder.linear_1".to_owned(),
-        "time_text_embed.timestep_embedder.linear_2".into(),
-        "time_text_embed.text_embedder.linear_1".into(),
-        "time_text_embed.text_embedder.linear_2".into(),
-        "context_embedder".into(),
-        "x_embedder".into(),
-        "proj_out".into(),
-        "norm_out.linear".into(),
-    ];
+    let (joint, pooled) = (
+        s.dim("context_embedder.weight", 2, 1)?,
+        s.dim("time_text_embed.text_embedder.linear_1.weight", 2, 1)?,
+    );
+    let (latent, out) = (
+        s.dim("x_embedder.weight", 2, 1)?,
+        s.dim("proj_out.weight", 2, 0)?,
+    );
+    let mut want = Want::default();
+    want.linear("x_embedder", h, latent);
+    want.linear("context_embedder", h, joint);
+    let mut embedders = vec![("timestep", TIMESTEP_CHANNELS), ("text", pooled)];
     if guidance {
-        linears.push("time_text_embed.guidance_embedder.linear_1".into());
-        linears.push("time_text_embed.guidance_embedder.linear_2".into());
+        embedders.push(("guidance", TIMESTEP_CHANNELS));
     }
-    let mut norms = Vec::new();
+    for (embedder, width) in embedders {
+        want.linear(
+            &format!("time_text_embed.{embedder}_embedder.linear_1"),
+            h,
+            width,
+        );
+        want.linear(
+            &format!("time_text_embed.{embedder}_embedder.linear_2"),
+            h,
+            h,
+        );
+    }
+    want.linear("proj_out", out, h);
+    want.linear("norm_out.linear", 2 * h, h);
     for b in 0..double {
         let block = format!("transformer_blocks.{b}");
-        for l in JOINT_BLOCK.iter().chain(&CONTEXT_GOES_ON) {
-            linears.push(format!("{block}.{l}"));
-        }
-        for n in JOINT_NORMS {
-            norms.push(format!("{block}.{n}.weight"));
-        }
+        want.joint_block(&block, h, head, 6, 6, true, true);
     }
     for b in 0..single {
+        // The fused projection splits 1:1:1:4: a square query and an MLP four times as wide.
         let block = format!("single_transformer_blocks.{b}");
-        for l in [
-            "norm.linear",
-            "attn.to_q",
-            "attn.to_k",
-            "attn.to_v",
-            "proj_mlp",
-            "proj_out",
-        ] {
-            linears.push(format!("{block}.{l}"));
+        want.linear(&format!("{block}.norm.linear"), 3 * h, h);
+        for l in ["to_q", "to_k", "to_v"] {
+            want.linear(&format!("{block}.attn.{l}"), h, h);
         }
+        want.linear(&format!("{block}.proj_mlp"), 4 * h, h);
+        want.linear(&format!("{block}.proj_out"), h, 5 * h);
         for n in ["norm_q", "norm_k"] {
-            norms.push(format!("{block}.attn.{n}.weight"));
-        }
-        // The fused projection splits 1:1:1:4 only when its MLP is four times as wide as the
-        // attention, as the class's is: then the query is square.
-        let query = s.dim(&format!("{block}.attn.to_q.weight"), 2, 0)?;
-        if query != hidden {
-            return Err(format!(
-                "single block {b}'s fused projection is no q/k/v of {hidden} channels and an MLP four times as wide"
-            ));
+            want.tensor(&format!("{block}.attn.{n}.weight"), &[head]);
         }
     }
-    exactly(s, &linears, norms, "FluxTransformer2DModel")?;
+    want.exactly(s, "FluxTransformer2DModel")?;
     Ok(object(json!({
-        "in_channels": s.dim("x_embedder.weight", 2, 1)?,
-        "out_channels": s.dim("proj_out.weight", 2, 0)?,
+        "in_channels": latent,
+        "out_channels": out,
         "num_layers": double,
         "num_single_layers": single,
         "attention_head_dim": head,
-        "num_attention_heads": hidden / head,
-        "joint_attention_dim": s.dim("context_embedder.weight", 2, 1)?,
-        "pooled_projection_dim": s.dim("time_text_embed.text_embedder.linear_1.weight", 2, 1)?,
+        "num_attention_heads": h / head,
+        "joint_attention_dim": joint,
+        "pooled_projection_dim": pooled,
         "guidance_embeds": guidance,
     })))
 }
@@ -607,8 +586,11 @@ fn flux_transformer(s: &Shapes<'_>, family: &Value) -> Result<Map<String, Value>
 /// normalises q and k (SD3.5), read off the weights, which must be exactly the class's. The
 /// head width is the q/k norms' when there are some, else the family's `head_width`.
 fn sd3_transformer(s: &Shapes<'_>, head_width: Option<u64>) -> Result<Map<String, Value>, String> {
-    let hidden = s.dim("pos_embed.proj.weight", 4, 0)?;
-    let patch = s.dim("pos_embed.proj.weight", 4, 2)?;
+    let h = s.dim("pos_embed.proj.weight", 4, 0)?;
+    let (latent, patch) = (
+        s.dim("pos_embed.proj.weight", 4, 1)?,
+        s.dim("pos_embed.proj.weight", 4, 2)?,
+    );
     let layers = s.count("transformer_blocks.");
     let qk_norm = s.has("transformer_blocks.0.attn.norm_q.weight");
     let head = match (qk_norm, head_width) {
@@ -616,8 +598,8 @@ fn sd3_transformer(s: &Shapes<'_>, head_width: Option<u64>) -> Result<Map<String
         (false, Some(w)) => w,
         (false, None) => return Err("the family gives no head_width".into()),
     };
-    if hidden % head != 0 {
-        return Err(format!("{hidden} channels are not heads {head} wide"));
+    if h % head != 0 {
+        return Err(format!("{h} channels are not heads {head} wide"));
     }
     let positions = s.dim("pos_embed.pos_embed", 3, 1)?;
     let grid = (positions as f64).sqrt().round() as u64;
@@ -628,52 +610,164 @@ fn sd3_transformer(s: &Shapes<'_>, head_width: Option<u64>) -> Result<Map<String
     if out % (patch * patch) != 0 {
         return Err(format!("its {out} outputs are no {patch}×{patch} patches"));
     }
+    let (joint, pooled) = (
+        s.dim("context_embedder.weight", 2, 1)?,
+        s.dim("time_text_embed.text_embedder.linear_1.weight", 2, 1)?,
+    );
     let dual: Vec<u64> = (0..layers)
         .filter(|b| s.has(&format!("transformer_blocks.{b}.attn2.to_q.weight")))
         .collect();
-    let mut linears = vec![
-        "pos_embed.proj".to_owned(),
-        "time_text_embed.timestep_embedder.linear_1".into(),
-        "time_text_embed.timestep_embedder.linear_2".into(),
-        "time_text_embed.text_embedder.linear_1".into(),
-        "time_text_embed.text_embedder.linear_2".into(),
-        "context_embedder".into(),
-        "proj_out".into(),
-        "norm_out.linear".into(),
-    ];
-    let mut norms = vec!["pos_embed.pos_embed".to_owned()];
+    let mut want = Want::default();
+    want.tensor("pos_embed.pos_embed", &[1, positions, h]);
+    want.tensor("pos_embed.proj.weight", &[h, latent, patch, patch]);
+    want.tensor("pos_embed.proj.bias", &[h]);
+    want.linear(
+        "time_text_embed.timestep_embedder.linear_1",
+        h,
+        TIMESTEP_CHANNELS,
+    );
+    want.linear("time_text_embed.timestep_embedder.linear_2", h, h);
+    want.linear("time_text_embed.text_embedder.linear_1", h, pooled);
+    want.linear("time_text_embed.text_embedder.linear_2", h, h);
+    want.linear("context_embedder", h, joint);
+    want.linear("proj_out", out, h);
+    want.linear("norm_out.linear", 2 * h, h);
     for b in 0..layers {
         let block = format!("transformer_blocks.{b}");
-        let mut own = JOINT_BLOCK.to_vec();
-        let mut normed = JOINT_NORMS.to_vec();
-        // The last block's context stream ends in it: no output projection, no MLP.
-        if b + 1 < layers {
-            own.extend(CONTEXT_GOES_ON);
-        }
+        // SD3.5's dual-attention blocks modulate nine ways; the last block's context stream
+        // ends in it (a scale and shift, no output projection, no MLP).
+        let last = b + 1 == layers;
+        let image = if dual.contains(&b) { 9 } else { 6 };
+        want.joint_block(
+            &block,
+            h,
+            head,
+            image,
+            if last { 2 } else { 6 },
+            !last,
+            qk_norm,
+        );
         if dual.contains(&b) {
-            own.extend(["attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]);
-            normed.extend(["attn2.norm_q", "attn2.norm_k"]);
-        }
-        linears.extend(own.iter().map(|l| format!("{block}.{l}")));
-        if qk_norm {
-            norms.extend(normed.iter().map(|n| format!("{block}.{n}.weight")));
+            for l in ["to_q", "to_k", "to_v", "to_out.0"] {
+                want.linear(&format!("{block}.attn2.{l}"), h, h);
+            }
+            if qk_norm {
+                for n in ["norm_q", "norm_k"] {
+                    want.tensor(&format!("{block}.attn2.{n}.weight"), &[head]);
+                }
+            }
         }
     }
-    exactly(s, &linears, norms, "SD3Transformer2DModel")?;
+    want.exactly(s, "SD3Transformer2DModel")?;
     Ok(object(json!({
         "patch_size": patch,
-        "in_channels": s.dim("pos_embed.proj.weight", 4, 1)?,
+        "in_channels": latent,
         "out_channels": out / (patch * patch),
         "num_layers": layers,
         "attention_head_dim": head,
-        "num_attention_heads": hidden / head,
-        "joint_attention_dim": s.dim("context_embedder.weight", 2, 1)?,
-        "caption_projection_dim": s.dim("context_embedder.weight", 2, 0)?,
-        "pooled_projection_dim": s.dim("time_text_embed.text_embedder.linear_1.weight", 2, 1)?,
+        "num_attention_heads": h / head,
+        "joint_attention_dim": joint,
+        "caption_projection_dim": h,
+        "pooled_projection_dim": pooled,
         "pos_embed_max_size": grid,
         "dual_attention_layers": dual,
         "qk_norm": if qk_norm { Some("rms_norm") } else { None },
     })))
+}
+
+/// The width of the sinusoidal timestep embedding FLUX.1's and SD3's time embedders take.
+const TIMESTEP_CHANNELS: u64 = 256;
+
+/// The tensors a class has, by key, each with its shape (`None`: any).
+#[derive(Default)]
+struct Want(BTreeMap<String, Option<Vec<u64>>>);
+
+impl Want {
+    fn tensor(&mut self, key: &str, shape: &[u64]) {
+        self.0.insert(key.to_owned(), Some(shape.to_vec()));
+    }
+
+    /// A linear layer `name` from `inputs` to `outputs` features: `.weight` `[outputs,
+    /// inputs]`, `.bias` `[outputs]`.
+    fn linear(&mut self, name: &str, outputs: u64, inputs: u64) {
+        self.tensor(&format!("{name}.weight"), &[outputs, inputs]);
+        self.tensor(&format!("{name}.bias"), &[outputs]);
+    }
+
+    /// A joint-attention block `block` of width `h` (FLUX.1's double blocks, SD3's joint
+    /// blocks): the image stream modulated `image` ways, the context stream `context` ways,
+    /// both streams' q/k/v, the image stream's output projection and MLP (four times as
+    /// wide), the context stream's when it `goes_on`, and q/k norms `head` wide when `normed`.
+    #[allow(clippy::too_many_arguments)] // the block's shape, named one by one
+    fn joint_block(
+        &mut self,
+        block: &str,
+        h: u64,
+        head: u64,
+        image: u64,
+        context: u64,
+        goes_on: bool,
+        normed: bool,
+    ) {
+        self.linear(&format!("{block}.norm1.linear"), image * h, h);
+        self.linear(&format!("{block}.norm1_context.linear"), context * h, h);
+        for l in [
+            "to_q",
+            "to_k",
+            "to_v",
+            "add_q_proj",
+            "add_k_proj",
+            "add_v_proj",
+            "to_out.0",
+        ] {
+            self.linear(&format!("{block}.attn.{l}"), h, h);
+        }
+        let mut streams = vec!["ff"];
+        if goes_on {
+            self.linear(&format!("{block}.attn.to_add_out"), h, h);
+            streams.push("ff_context");
+        }
+        for ff in streams {
+            self.linear(&format!("{block}.{ff}.net.0.proj"), 4 * h, h);
+            self.linear(&format!("{block}.{ff}.net.2"), h, 4 * h);
+        }
+        if normed {
+            for n in JOINT_NORMS {
+                self.tensor(&format!("{block}.{n}.weight"), &[head]);
+            }
+        }
+    }
+
+    /// That the tensors are exactly these, of these shapes: Diffusers makes up a tensor a
+    /// file lacks and drops one the class has no place for, so either would load another
+    /// model than the file's, and one of another shape would not load.
+    ///
+    /// # Errors
+    /// The first tensor missing, of another shape, or with no place in `class`.
+    fn exactly(&self, s: &Shapes<'_>, class: &str) -> Result<(), String> {
+        for (key, shape) in &self.0 {
+            match (s.by_key.get(key.as_str()), shape) {
+                (None, _) => return Err(format!("it has no tensor {key}")),
+                (Some(found), Some(want)) if *found != want.as_slice() => {
+                    return Err(format!(
+                        "tensor {key} has shape {found:?}, where {class} has {want:?}"
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let mut extra: Vec<&str> = s
+            .by_key
+            .keys()
+            .copied()
+            .filter(|k| !self.0.contains_key(*k))
+            .collect();
+        extra.sort_unstable();
+        match extra.first() {
+            None => Ok(()),
+            Some(k) => Err(format!("its tensor {k} has no place in {class}")),
+        }
+    }
 }
 
 /// The fields of a JSON object (`json!({…})`).
@@ -681,36 +775,6 @@ fn object(value: Value) -> Map<String, Value> {
     match value {
         Value::Object(fields) => fields,
         _ => Map::new(),
-    }
-}
-
-/// That the tensors are exactly the `.weight` and `.bias` of each of `linears` and each of
-/// `others`: Diffusers makes up a tensor a file lacks, and drops one the class has no place
-/// for, so either would load another model than the file's.
-fn exactly(
-    s: &Shapes<'_>,
-    linears: &[String],
-    others: Vec<String>,
-    class: &str,
-) -> Result<(), String> {
-    let mut want: BTreeSet<String> = others.into_iter().collect();
-    for l in linears {
-        want.insert(format!("{l}.weight"));
-        want.insert(format!("{l}.bias"));
-    }
-    if let Some(missing) = want.iter().find(|k| !s.has(k)) {
-        return Err(format!("it has no tensor {missing}"));
-    }
-    let mut extra: Vec<&str> = s
-        .by_key
-        .keys()
-        .copied()
-        .filter(|k| !want.contains(*k))
-        .collect();
-    extra.sort_unstable();
-    match extra.first() {
-        None => Ok(()),
-        Some(k) => Err(format!("its tensor {k} has no place in {class}")),
     }
 }
 

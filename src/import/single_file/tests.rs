@@ -262,6 +262,20 @@ fn a_flux_transformers_config_is_read_off_whole_weights() {
         err.contains("norm_q.bias has no place in FluxTransformer2DModel"),
         "{err}"
     );
+    // A double block's MLP twice as wide, or a final adaLN given transposed, would not load.
+    for (key, shape) in [
+        ("transformer_blocks.0.ff.net.0.proj.weight", vec![512, 256]),
+        ("norm_out.linear.weight", vec![256, 512]),
+    ] {
+        let mut other = tensors.clone();
+        other.iter_mut().find(|t| t.key == key).unwrap().shape = shape;
+        let err = config(&other).unwrap_err();
+        assert!(
+            err.contains(&format!("tensor {key} has shape"))
+                && err.contains("where FluxTransformer2DModel has"),
+            "{err}"
+        );
+    }
     // Heads 64 wide are no FLUX.1's: its rotary axes fill 128.
     let err = config(&flux_tensors(4, 64)).unwrap_err();
     assert!(
