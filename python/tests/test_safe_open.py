@@ -451,3 +451,22 @@ def test_slices_indexed_after_close_share_the_blobs_mappings(mounted):
 def test_a_device_safetensors_takes_is_taken_alike(mounted, device):
     safetensors.safe_open(mounted["source"], framework="pt", device=device)
     cozytensors.safe_open(mounted["file"], framework="pt", device=device)
+
+
+def test_an_empty_blob_is_never_mapped(tmp_path):
+    """A zero-length blob (an empty tensor's) is refused with EINVAL naming it, never mapped:
+    mmap of zero bytes is an error the loader must not turn into a buffer."""
+    import hashlib
+
+    prerequisites()
+    store = tmp_path / "store"
+    save_file({"x": torch.ones(4)}, str(tmp_path / "x.safetensors"))
+    tensorfs(store, "import", tmp_path / "x.safetensors", "--name", "local/x")
+    sha = hashlib.sha256(b"").hexdigest()
+    blob = store / "blobs" / sha[:2] / sha[2:4] / sha
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(b"")
+    with pytest.raises(OSError) as raised:
+        _native.map_blob(str(store), sha, 0, "empty.safetensors: tensor 'e'", None)
+    assert raised.value.errno == errno.EINVAL
+    assert sha in str(raised.value) and "cannot be mapped" in str(raised.value)
