@@ -111,8 +111,9 @@ pub(crate) fn apply(
     let mut marked = table().marked(&keys, metadata);
     let dtype = main_dtype(&c.tensors);
     let joined = config.pipeline.as_ref().map(|p| &p.commit.header);
-    let check =
-        |conversion: &Conversion<'_>| configs(conversion, &dtype, &marked, joined).map(|_| ());
+    let check = |conversion: &Conversion<'_>| {
+        configs(conversion, &c.tensors, &dtype, &marked, joined).map(|_| ())
+    };
     let conversion = match recognise(table(), &arrays, named, &check).map_err(fail)? {
         Outcome::Unknown => {
             let why = "no converter of fs-layout/single_file.json takes it".to_owned();
@@ -364,7 +365,13 @@ fn build(
     let family = &table().families[&converter.family];
     let no_values = serde_json::Map::new();
     let marked_for = |name: &str| marked.get(name).unwrap_or(&no_values);
-    let derived = configs(conversion, &main_dtype(&c.tensors), marked, joined)?;
+    let derived = configs(
+        conversion,
+        &c.tensors,
+        &main_dtype(&c.tensors),
+        marked,
+        joined,
+    )?;
     let mut components = Vec::new();
     let mut arrays = BTreeMap::new();
     let mut listed = Vec::new();
@@ -418,6 +425,7 @@ fn build(
 /// A config cannot be derived, or a value is not one the converter accepts.
 fn configs(
     conversion: &Conversion<'_>,
+    arrays: &[super::scan::SourceTensor],
     dtype: &str,
     marked: &Marked,
     joined: Option<&crate::format::Header>,
@@ -442,7 +450,10 @@ fn configs(
             &tensors,
             dtype,
         )
-        .map_err(|why| format!("{}'s config: {why}", rule.name))?;
+        .map_err(|why| {
+            let why = in_file_terms(&why, converted, arrays);
+            format!("{}'s config: {why}", rule.name)
+        })?;
         derived.insert(rule.name.clone(), config);
     }
     match joined {
@@ -450,6 +461,36 @@ fn configs(
         Some(header) => fits_joined(converter, &derived, header)?,
     }
     Ok(derived)
+}
+
+/// `why`, a message naming `converted`'s tensors by their Diffusers keys, with each key
+/// followed by the file's name for its array (`arrays`, the file's), or for a key the file
+/// lacks the name its component's reverse keymap gives it: the user looks for those in the
+/// file.
+fn in_file_terms(
+    why: &str,
+    converted: &Converted<'_>,
+    arrays: &[super::scan::SourceTensor],
+) -> String {
+    let keys: Vec<&str> = converted.tensors.iter().map(|r| r.key.as_str()).collect();
+    let in_file = |key: &str| {
+        match converted.tensors.iter().find(|r| r.key == key) {
+            Some(r) => arrays.get(r.source).map(|a| a.key.clone()),
+            None => table().file_key(converted.rule, &keys, key),
+        }
+        .filter(|file| file != key)
+    };
+    let words: Vec<String> = why
+        .split(' ')
+        .map(|word| {
+            let key = word.trim_end_matches([',', ':', ';', ')']);
+            match key.contains('.').then(|| in_file(key)).flatten() {
+                Some(file) => format!("{key} (the file's {file}){}", &word[key.len()..]),
+                None => word.to_owned(),
+            }
+        })
+        .collect();
+    words.join(" ")
 }
 
 /// That `derived`, the configs of a model alone joining the pipeline of `header`, fits it:

@@ -1261,6 +1261,29 @@ fn row_parts(
         .collect())
 }
 
+impl Table {
+    /// The key, with its component's prefix, that `key` (a Diffusers key of a component of
+    /// `rule`'s, whose keys are `keys`) has in the rule's single file, by the rule's reverse
+    /// keymap; `None` without one, or when no rule takes the key to one key.
+    pub(crate) fn file_key(
+        &self,
+        rule: &ComponentRule,
+        keys: &[&str],
+        key: &str,
+    ) -> Option<String> {
+        let reverse = rule.reverse.as_deref()?;
+        let vars = self.vars(reverse, keys).ok()?;
+        let sorted = Prefixes::new(keys.iter().copied());
+        let present = |p: &str| sorted.has(p);
+        match self.map(reverse, key, &vars, &present)? {
+            Mapped::Keys { keys, .. } if keys.len() == 1 => {
+                Some(format!("{}{}", rule.prefix, keys[0]))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Keys sorted, for asking whether one starts with a text.
 struct Prefixes<'a>(Vec<&'a str>);
 

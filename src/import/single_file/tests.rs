@@ -304,3 +304,51 @@ fn identity_matrices_are_ones_on_the_diagonal_in_the_files_dtype() {
     );
     assert!(identity(&Dtype::I8, 2).unwrap_err().contains("I8"));
 }
+
+#[test]
+fn a_config_error_names_the_files_arrays_too() {
+    use crate::layout::convert::{recognise, Outcome, SourceKey};
+    let owned: Vec<(String, Vec<u64>)> = [
+        ("img_in.weight", vec![8, 4]),
+        ("double_blocks.0.img_attn.qkv.weight", vec![24, 8]),
+        ("single_blocks.0.linear1.weight", vec![56, 8]),
+        ("final_layer.adaLN_modulation.1.weight", vec![16, 8]),
+    ]
+    .into_iter()
+    .map(|(k, s)| (k.to_owned(), s))
+    .collect();
+    let keys: Vec<SourceKey<'_>> = owned
+        .iter()
+        .map(|(key, shape)| SourceKey { key, shape })
+        .collect();
+    let Outcome::Converted(c) = recognise(table(), &keys, None, &|_| Ok(())).unwrap() else {
+        panic!("not converted");
+    };
+    let arrays: Vec<super::super::scan::SourceTensor> = owned
+        .iter()
+        .map(|(key, shape)| super::super::scan::SourceTensor {
+            key: key.clone(),
+            dtype: crate::format::Dtype::BF16,
+            shape: shape.clone(),
+            file: 0,
+            offset: 0,
+            length: 0,
+        })
+        .collect();
+    let converted = &c.components[0];
+    // A key the file has, and one it lacks, which the reverse keymap names.
+    let why = in_file_terms(
+        "tensor x_embedder.weight has shape [8, 4], and it has no tensor \
+         single_transformer_blocks.0.attn.norm_k.weight",
+        converted,
+        &arrays,
+    );
+    assert_eq!(
+        why,
+        "tensor x_embedder.weight (the file's img_in.weight) has shape [8, 4], and it has no \
+         tensor single_transformer_blocks.0.attn.norm_k.weight (the file's \
+         single_blocks.0.norm.key_norm.scale)"
+    );
+    let plain = in_file_terms("its 3 blocks", converted, &arrays);
+    assert_eq!(plain, "its 3 blocks");
+}
