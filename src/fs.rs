@@ -70,7 +70,7 @@ pub const SINGLE_SUFFIX: &str = "@single";
 
 /// A lane folder's contents: a face of a commit (as imported, decoded, or a single file's
 /// Diffusers folder).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct LaneRef {
     /// The commit.
     pub commit: crate::format::ObjectRef,

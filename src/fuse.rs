@@ -7,12 +7,16 @@
 
 mod mountinfo;
 pub mod session;
+pub mod supervise;
+pub mod takeover;
 
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use fuser::{
@@ -27,6 +31,7 @@ pub use session::{mount, spawn, unmount, MountConfig, MountError, MountHandle};
 
 use crate::fs::{Attr, FsError, Kind, TensorFs, XattrReply};
 use crate::sync::lock;
+use takeover::{Journal, Offer, Replay, RESENT};
 
 /// Largest read request asked of the kernel (and the readahead window), in bytes.
 pub const MAX_READ_BYTES: u32 = 1 << 20;
@@ -36,6 +41,12 @@ pub const MAX_READ_BYTES: u32 = 1 << 20;
 pub struct FuseAdapter {
     fs: Arc<TensorFs>,
     passthrough: Arc<Passthrough>,
+    /// What a daemon taking over this mount must know, when one may ([`takeover`]).
+    journal: Option<Arc<Journal>>,
+    /// The kernel's offer at `INIT`.
+    pub(crate) offer: Arc<Mutex<Option<Offer>>>,
+    /// Requests the kernel sent again after a takeover ([`takeover::resend`]).
+    resent: Arc<AtomicU64>,
 }
 
 impl FuseAdapter {
@@ -44,7 +55,124 @@ impl FuseAdapter {
         FuseAdapter {
             fs,
             passthrough: Arc::default(),
+            journal: None,
+            offer: Arc::default(),
+            resent: Arc::default(),
         }
+    }
+
+    /// The adapter of `fs` for a mount a later daemon may take over: it writes what the
+    /// kernel is told to `journal`, and starts from what an earlier daemon's `replay` says
+    /// the kernel holds (inodes, open handles and their passthrough backing files).
+    ///
+    /// # Errors
+    /// The replayed inodes contradict each other.
+    pub fn resuming(
+        fs: Arc<TensorFs>,
+        journal: Arc<Journal>,
+        replay: Replay,
+    ) -> Result<FuseAdapter, crate::fs::inodes::RestoreError> {
+        fs.restore_inodes(replay.inodes)?;
+        let adapter = FuseAdapter {
+            journal: Some(journal),
+            ..FuseAdapter::new(fs)
+        };
+        let mut inodes = lock(&adapter.passthrough.inodes);
+        for handle in replay.open.values() {
+            let mode = inodes.entry(handle.ino).or_insert(match handle.backing {
+                Some(id) => IoMode::Inherited(0, id),
+                None => IoMode::Cached(0),
+            });
+            match mode {
+                IoMode::Cached(n) | IoMode::Passthrough(n, ..) | IoMode::Inherited(n, _) => *n += 1,
+            }
+        }
+        drop(inodes);
+        Ok(adapter)
+    }
+
+    /// The kernel's `INIT` offer, once the handshake is done.
+    pub fn offer(&self) -> Option<Offer> {
+        *lock(&self.offer)
+    }
+
+    /// How many requests the kernel sent again after this daemon took the mount over.
+    pub fn resent(&self) -> Arc<AtomicU64> {
+        self.resent.clone()
+    }
+
+    /// Tells the adapter the `/dev/fuse` descriptor it serves, on which it registers
+    /// passthrough backing files (before serving starts).
+    pub fn serve_on(&self, device: RawFd) {
+        self.passthrough.device.store(device, Ordering::Relaxed);
+    }
+
+    /// Counts a request the kernel sent again ([`RESENT`] in its `unique`).
+    fn seen(&self, req: &Request) {
+        if req.unique().0 & RESENT != 0 {
+            self.resent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The choices made at `INIT` from the kernel's `config`, the same for every daemon of a mount
+/// (a daemon taking over is shown the first one's [`Offer`]): large reads and readahead,
+/// parallel lookups, and passthrough when `passthrough` asks and the kernel offers it. Returns
+/// the offer and whether passthrough was agreed.
+fn negotiate(config: &mut KernelConfig, passthrough: bool) -> (Offer, bool) {
+    let abi = config.kernel_abi();
+    let mut offer = Offer {
+        major: abi.0,
+        minor: abi.1,
+        flags: config.capabilities().bits(),
+        max_readahead: MAX_READ_BYTES,
+    };
+    // Large reads: `max_write` also sets `max_pages` (fuser derives it from the larger of
+    // max_write and max_readahead), which caps every request, reads included. 1 MiB is the
+    // kernel's default `max_pages_limit`. The kernel refuses readahead above what it
+    // offered (128 KiB); the session raises the bdi's `read_ahead_kb` after mounting.
+    let _ = config.set_max_write(MAX_READ_BYTES);
+    if let Err(max) = config.set_max_readahead(MAX_READ_BYTES) {
+        offer.max_readahead = max;
+        let _ = config.set_max_readahead(max);
+    }
+    // Readahead requests are background requests: let enough be in flight to keep every
+    // worker thread busy.
+    let _ = config.set_max_background(64);
+    // Lookups and listings in one folder may run in parallel: nothing here needs the
+    // kernel to serialize them.
+    if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
+        tracing::debug!("kernel lacks {missing:?}");
+    }
+    // Passthrough, only with views (they are what it reads): backing files on a local
+    // filesystem, so one level of stacking.
+    let agreed = passthrough
+        && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        && config.set_max_stack_depth(1).is_ok();
+    // Deliberately not requested: FUSE_AUTO_INVAL_DATA (files never change, so the page
+    // cache never needs dropping on an mtime change), FUSE_WRITEBACK_CACHE (read-only),
+    // and no file is opened with FOPEN_DIRECT_IO, which would break mmap (ENODEV) for
+    // safetensors loaders unless FUSE_DIRECT_IO_ALLOW_MMAP is negotiated, and would
+    // bypass the page cache that FOPEN_KEEP_CACHE shares between opens.
+    (offer, agreed)
+}
+
+/// The filesystem a supervisor mounts with ([`supervise`]): it answers `INIT` as a serving
+/// daemon would and records the kernel's offer; it never serves a request (the supervisor
+/// reads none).
+#[derive(Debug)]
+pub struct Handshake {
+    /// Whether to ask for passthrough (views are on).
+    pub passthrough: bool,
+    /// The offer, once made.
+    pub offer: Arc<Mutex<Option<Offer>>>,
+}
+
+impl Filesystem for Handshake {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let (offer, _) = negotiate(config, self.passthrough);
+        *lock(&self.offer) = Some(offer);
+        Ok(())
     }
 }
 
@@ -62,13 +190,18 @@ struct Passthrough {
     refused: std::sync::atomic::AtomicBool,
     /// The open inodes' modes.
     inodes: std::sync::Mutex<std::collections::HashMap<u64, IoMode>>,
+    /// The `/dev/fuse` descriptor backing files are registered on (-1 until serving).
+    device: AtomicI32,
 }
 
 /// How an inode's open handles read, and how many there are.
 #[derive(Debug)]
 enum IoMode {
     Cached(usize),
-    Passthrough(usize, BackingId),
+    /// Passed through to a backing file registered here: its owner, and its id.
+    Passthrough(usize, BackingId, u32),
+    /// Passed through to a backing file an earlier daemon of the mount registered (its id).
+    Inherited(usize, u32),
 }
 
 impl Passthrough {
@@ -81,7 +214,7 @@ impl Passthrough {
     }
 
     /// Answers the open of `ino` as handle `fh`, passing it through to `backing` when the
-    /// inode's mode allows.
+    /// inode's mode allows; `record` is told the backing file's id (if any) before the reply.
     fn reply(
         &self,
         ino: u64,
@@ -89,12 +222,18 @@ impl Passthrough {
         flags: FopenFlags,
         backing: Option<std::fs::File>,
         reply: ReplyOpen,
+        record: impl FnOnce(Option<u32>),
     ) {
         let mut inodes = lock(&self.inodes);
         let mode = inodes.entry(ino).or_insert_with(|| {
             let id = backing.filter(|_| !self.refused()).and_then(|file| {
-                reply
-                    .open_backing(&file)
+                let device = self.device.load(Ordering::Relaxed);
+                // SAFETY: the session's descriptor stays open while it serves this request.
+                let device = unsafe { BorrowedFd::borrow_raw(device) };
+                BackingId::create_raw(device, &file)
+                    // SAFETY: the id was just registered on this connection; the BackingId
+                    // made of it is its one owner.
+                    .map(|id| (unsafe { reply.wrap_backing(id) }, id))
                     .map_err(|e| {
                         // Refused once (no CAP_SYS_ADMIN, a stacked filesystem under the
                         // store or the views: ELOOP), refused always: say so once.
@@ -108,23 +247,31 @@ impl Passthrough {
                     .ok()
             });
             match id {
-                Some(id) => IoMode::Passthrough(0, id),
+                Some((id, raw)) => IoMode::Passthrough(0, id, raw),
                 None => IoMode::Cached(0),
             }
         });
+        if let IoMode::Inherited(n, raw) = *mode {
+            // SAFETY: the id is registered on this connection (an earlier daemon did it and
+            // the journal says its file is still open); from now on this BackingId owns it.
+            *mode = IoMode::Passthrough(n, unsafe { reply.wrap_backing(raw) }, raw);
+        }
         match mode {
             IoMode::Cached(n) => {
                 *n += 1;
                 drop(inodes);
+                record(None);
                 reply.opened(fh, flags);
             }
-            IoMode::Passthrough(n, id) => {
+            IoMode::Passthrough(n, id, raw) => {
                 *n += 1;
+                record(Some(*raw));
                 // The kernel fails (EIO) a passthrough open with flags beyond its short list
                 // (FOPEN_PASSTHROUGH_MASK), FOPEN_KEEP_CACHE among them; it has no use here.
                 let flags = flags - FopenFlags::FOPEN_KEEP_CACHE;
                 reply.opened_passthrough(fh, flags, id);
             }
+            IoMode::Inherited(..) => unreachable!("made a Passthrough above"),
         }
     }
 
@@ -132,14 +279,19 @@ impl Passthrough {
     fn release(&self, ino: u64) {
         let mut inodes = lock(&self.inodes);
         let last = match inodes.get_mut(&ino) {
-            Some(IoMode::Cached(n) | IoMode::Passthrough(n, _)) => {
+            Some(IoMode::Cached(n) | IoMode::Passthrough(n, ..) | IoMode::Inherited(n, _)) => {
                 *n = n.saturating_sub(1);
                 *n == 0
             }
             None => false,
         };
         if last {
-            inodes.remove(&ino);
+            if let Some(IoMode::Inherited(_, id)) = inodes.remove(&ino) {
+                let device = self.device.load(Ordering::Relaxed);
+                if let Err(e) = takeover::close_backing(device, id) {
+                    tracing::debug!("closing backing file {id}: {e}");
+                }
+            }
         }
     }
 }
@@ -234,43 +386,15 @@ thread_local! {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let abi = config.kernel_abi();
-        self.fs.set_protocol(abi.0, abi.1);
-        // Large reads: `max_write` also sets `max_pages` (fuser derives it from the larger of
-        // max_write and max_readahead), which caps every request, reads included. 1 MiB is the
-        // kernel's default `max_pages_limit`. The kernel refuses readahead above what it
-        // offered (128 KiB); the session raises the bdi's `read_ahead_kb` after mounting.
-        let _ = config.set_max_write(MAX_READ_BYTES);
-        if let Err(max) = config.set_max_readahead(MAX_READ_BYTES) {
-            let _ = config.set_max_readahead(max);
+        let (offer, agreed) = negotiate(config, self.fs.config().views.is_some());
+        self.fs.set_protocol(offer.major, offer.minor);
+        *lock(&self.offer) = Some(offer);
+        if agreed {
+            self.passthrough.enabled.store(true, Ordering::Relaxed);
+        } else if self.fs.config().views.is_some() {
+            tracing::warn!("the kernel offers no FUSE passthrough (Linux 6.9+): views unused");
+            self.fs.stop_views();
         }
-        // Readahead requests are background requests: let enough be in flight to keep every
-        // worker thread busy.
-        let _ = config.set_max_background(64);
-        // Lookups and listings in one folder may run in parallel: nothing here needs the
-        // kernel to serialize them.
-        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
-            tracing::debug!("kernel lacks {missing:?}");
-        }
-        // Passthrough, only with views (they are what it reads): backing files on a local
-        // filesystem, so one level of stacking.
-        if self.fs.config().views.is_some() {
-            let agreed = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-                && config.set_max_stack_depth(1).is_ok();
-            if agreed {
-                self.passthrough
-                    .enabled
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            } else {
-                tracing::warn!("the kernel offers no FUSE passthrough (Linux 6.9+): views unused");
-                self.fs.stop_views();
-            }
-        }
-        // Deliberately not requested: FUSE_AUTO_INVAL_DATA (files never change, so the page
-        // cache never needs dropping on an mtime change), FUSE_WRITEBACK_CACHE (read-only),
-        // and no file is opened with FOPEN_DIRECT_IO, which would break mmap (ENODEV) for
-        // safetensors loaders unless FUSE_DIRECT_IO_ALLOW_MMAP is negotiated, and would
-        // bypass the page cache that FOPEN_KEEP_CACHE shares between opens.
         Ok(())
     }
 
@@ -287,8 +411,14 @@ impl Filesystem for FuseAdapter {
                 },
             );
         };
+        self.seen(req);
         match self.fs.lookup(parent.0, name) {
-            Ok(entry) => reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0)),
+            Ok(entry) => {
+                if let Some(journal) = &self.journal {
+                    journal.keep_inodes(&self.fs, entry.attr.ino);
+                }
+                reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0))
+            }
             Err(err) => fail(reply, "lookup", err),
         }
     }
@@ -303,6 +433,7 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _span = tracing::warn_span!("open", req = req.unique().0, ino = ino.0).entered();
+        self.seen(req);
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         match self.fs.open(ino.0, write) {
             Ok(opened) => {
@@ -317,8 +448,13 @@ impl Filesystem for FuseAdapter {
                 }
                 let fh = FileHandle(opened.fh);
                 if self.passthrough.enabled() {
+                    let record = |backing| {
+                        if let Some(journal) = &self.journal {
+                            journal.opened(&self.fs, opened.fh, ino.0, backing);
+                        }
+                    };
                     self.passthrough
-                        .reply(ino.0, fh, fopen, opened.backing, reply);
+                        .reply(ino.0, fh, fopen, opened.backing, reply, record);
                     if self.passthrough.refused() {
                         self.fs.stop_views();
                     }
@@ -343,11 +479,14 @@ impl Filesystem for FuseAdapter {
     ) {
         let _span =
             tracing::warn_span!("read", req = req.unique().0, ino = ino.0, offset, size).entered();
+        self.seen(req);
         READ_BUF.with_borrow_mut(|buf| {
             let size = size as usize;
             if buf.len() < size {
                 buf.resize(size, 0);
             }
+            // A handle an earlier daemon of the mount opened is opened again here first.
+            self.fs.adopt(ino.0, fh.0);
             match self.fs.read(fh.0, offset, &mut buf[..size]) {
                 Ok(n) => {
                     reply.data(&buf[..n]);
@@ -370,6 +509,9 @@ impl Filesystem for FuseAdapter {
     ) {
         if self.passthrough.enabled() {
             self.passthrough.release(ino.0);
+            if let Some(journal) = &self.journal {
+                journal.released(&self.fs, fh.0);
+            }
         }
         self.fs.release(fh.0);
         reply.ok();
@@ -466,6 +608,8 @@ impl Filesystem for FuseAdapter {
         reply: ReplyIoctl,
     ) {
         let _span = tracing::warn_span!("ioctl", req = req.unique().0, ino = ino.0, cmd).entered();
+        self.seen(req);
+        self.fs.adopt(ino.0, fh.0);
         match self.fs.ioctl(fh.0, cmd, in_data, out_size) {
             Ok(out) => reply.ioctl(0, &out),
             Err(err) => fail(reply, "ioctl", err),

@@ -51,7 +51,9 @@ pub const FILE_METADATA: &str = "safetensors_metadata";
 pub const SINGLE_FILE: &str = "single_file";
 
 /// Which face of a commit a lane folder shows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Face {
     /// The files as imported (the recipe), or as the libraries write them for a checkpoint
     /// without a recipe.

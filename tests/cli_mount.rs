@@ -55,15 +55,7 @@ fn mounted_tiny(
     let (src, store) = imported_tiny(dir, "store");
     let mnt = dir.join("mnt");
     fs::create_dir(&mnt).unwrap();
-    let log = dir.join("mount.log");
-    let mut args = vec![
-        "mount",
-        mnt.to_str().unwrap(),
-        "--log-file",
-        log.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let out = ok(&store, &args);
+    let out = mount_background(&store, &mnt, &dir.join("mount.log"), extra);
     (src, store, mnt, out)
 }
 
@@ -424,9 +416,12 @@ fn daemon_pid(out: &str) -> i32 {
 #[test]
 fn closing_a_mounted_file_does_not_wait_for_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, store, mnt, out) = mounted_tiny(dir.path(), &[]);
+    let (_, store, mnt, _) = mounted_tiny(dir.path(), &[]);
     let _cleanup = Cleanup(&mnt);
-    let pid = daemon_pid(&out);
+    // The process serving requests, not its supervisor.
+    let said = ok(&store, &["status", mnt.to_str().unwrap(), "--json"]);
+    let said: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let pid = said[0]["server_pid"].as_i64().unwrap() as i32;
     let file = fs::File::open(mnt.join("local/tiny/latest/f32/model.safetensors")).unwrap();
     let resume = Resume(pid);
     // SAFETY: a signal to a process id; no memory is passed.

@@ -503,6 +503,14 @@ fn a_stale_mountpoint_is_detected_and_cleared() {
             .contains("FUSE protocol 7."),
         "{trial}"
     );
+    // This kernel (6.18) resends what a dying daemon left unanswered, which restarts need.
+    assert!(
+        trial["finding"]
+            .as_str()
+            .unwrap()
+            .contains("a restarted daemon is sent what the one before left unanswered"),
+        "{trial}"
+    );
     session::unmount(&root, true).unwrap();
     wait_for(
         || session::check_mountpoint(&root).is_ok(),

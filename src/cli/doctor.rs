@@ -563,9 +563,22 @@ fn trial_mount() -> Finding {
     let result = try_mount(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     match result {
-        Ok(protocol) => ok(
+        Ok((protocol, Some(false))) => not_ok(
             CHECK,
-            format!("an empty store mounted, answered and unmounted (FUSE protocol {protocol})"),
+            Status::Warn,
+            format!(
+                "an empty store mounted, answered and unmounted (FUSE protocol {protocol}), but \
+                 the kernel cannot send again what a dying daemon left unanswered: readers of a \
+                 mount whose daemon is restarted may wait until it is unmounted"
+            ),
+            "a kernel of Linux 6.9 or newer (FUSE_NOTIFY_RESEND)",
+        ),
+        Ok((protocol, _)) => ok(
+            CHECK,
+            format!(
+                "an empty store mounted, answered and unmounted (FUSE protocol {protocol}; a \
+                 restarted daemon is sent what the one before left unanswered)"
+            ),
         ),
         Err(why) => not_ok(
             CHECK,
@@ -576,8 +589,9 @@ fn trial_mount() -> Finding {
     }
 }
 
-/// The FUSE protocol version a trial mount under `dir` reported.
-fn try_mount(dir: &Path) -> Result<String, String> {
+/// The FUSE protocol version a trial mount under `dir` reported, and whether the kernel
+/// resends requests to a daemon that takes over.
+fn try_mount(dir: &Path) -> Result<(String, Option<bool>), String> {
     use session::MountConfig;
     let (store, mountpoint) = (dir.join("store"), dir.join("mnt"));
     std::fs::create_dir_all(&mountpoint).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -597,5 +611,5 @@ fn try_mount(dir: &Path) -> Result<String, String> {
         (None, Some(problem)) => return Err(format!("the mount does not answer: {problem}")),
         (None, None) => "unknown".to_owned(),
     };
-    unmounted.map(|()| protocol)
+    unmounted.map(|()| (protocol, status["resend"].as_bool()))
 }

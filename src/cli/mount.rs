@@ -21,7 +21,10 @@ pub struct Args {
     /// An existing, empty folder to show the store in.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: PathBuf,
-    /// Serve in this process until unmounted or interrupted (SIGINT/SIGTERM unmount cleanly).
+    /// Stay in the foreground until unmounted or interrupted (SIGINT/SIGTERM unmount cleanly).
+    /// This process holds the mount and serves it through a daemon it starts again should it
+    /// die, so readers only pause; SIGHUP restarts that daemon from the binary now installed
+    /// (after an upgrade).
     #[arg(long)]
     pub foreground: bool,
     /// Worker threads serving requests (default: the CPU count, within 4..=8).
@@ -129,7 +132,12 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if args.allow_other {
         session::check_allow_other()?;
     }
-    let mountpoint = session::check_mountpoint(&args.mountpoint)?;
+    let mountpoint = match crate::fuse::supervise::Handoff::from_env()? {
+        // The daemon of a supervisor's mount: the mount point is already mounted, and asking
+        // it anything would wait for this process.
+        Some(handoff) => handoff.mountpoint,
+        None => session::check_mountpoint(&args.mountpoint)?,
+    };
     // Views asked for but impossible are refused here, where the user sees it; the daemon
     // alone would only log it and serve without them.
     let view_dir = match (view_cache, view_dir) {
@@ -164,6 +172,11 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             foreground: true,
             ready_fd: session::ready_fd_from_env(),
             remote,
+            // This command line again serves the mount, so a daemon that dies is replaced.
+            daemon: Some(
+                crate::fuse::supervise::DaemonCommand::this_process()
+                    .context("finding this program")?,
+            ),
             ..MountConfig::new(&store, &mountpoint)
         };
         if let Some(threads) = args.threads {

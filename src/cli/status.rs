@@ -156,6 +156,14 @@ fn describe(s: &Value) -> String {
         text(&s["store"]),
         humantime::format_duration(Duration::from_secs(u(&s["uptime_s"])))
     );
+    if u(&s["restarts"]) > 0 {
+        // The counters and the uptime are the serving process's, which started at the restart.
+        out += &format!(
+            "  its server restarted {}: pid {} serves now, counted below since it started\n",
+            count(u(&s["restarts"]) as usize, "time"),
+            u(&s["server_pid"]),
+        );
+    }
     out += &format!(
         "  {} answered; {} served by {} ({} failed); {} open of {} opened\n",
         count(u(&s["requests"]) as usize, "request"),

@@ -8,7 +8,9 @@ use sha2::Digest as _;
 use super::FormatError;
 
 /// A SHA-256 digest: 32 bytes, shown as 64 lowercase hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Sha256(pub [u8; 32]);
 
 impl Sha256 {
@@ -55,7 +57,9 @@ impl FromStr for Sha256 {
 
 /// An object reference `{sha256, length}` (spec §1). An object satisfies it only when both its
 /// length in bytes and its SHA-256 match.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, serde::Serialize, serde::Deserialize,
+)]
 pub struct ObjectRef {
     /// SHA-256 of the object's bytes.
     pub sha256: Sha256,

@@ -49,7 +49,7 @@ use crate::sync::lock;
 pub const HUB_VIEW: &str = "@hf";
 
 /// Lane commits shown as one snapshot folder.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Group {
     /// The snapshot folder's name: 40 lowercase hex digits.
     pub id: String,

@@ -8,6 +8,9 @@
 //!   `<hex>/bf16/x`), so they share one page cache.
 //! - Numbers are never reused or forgotten while mounted (`forget` is ignored): the table grows
 //!   with what was looked up, a few hundred bytes per inode.
+//! - The kernel keeps the numbers it was given, so a daemon that takes over a live mount
+//!   needs the same table: [`InodeTable::after`] gives inodes to keep, in the order given out,
+//!   and [`InodeTable::restore`] gives them out again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -19,7 +22,7 @@ use crate::format::Sha256;
 use crate::sync::{read, write};
 
 /// What an inode is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Node {
     /// The mount's root: the orgs.
     Root,
@@ -122,14 +125,26 @@ impl Node {
 }
 
 /// An inode: what it is and the folder that holds it (for `..`; a file's first parent).
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Inode {
     /// Its number.
     pub ino: u64,
     /// The folder it was first found in (the root is its own parent).
     pub parent: u64,
+    /// Its name there (empty for the root).
+    pub name: String,
     /// What it is.
     pub node: Node,
+}
+
+/// Why [`InodeTable::restore`] refused an inode.
+#[derive(Debug, thiserror::Error)]
+#[error("inode {ino} cannot be given out again: {why}")]
+pub struct RestoreError {
+    /// The inode.
+    pub ino: u64,
+    /// Why.
+    pub why: &'static str,
 }
 
 /// What a folder's inode is tied to besides its path: the commit of a lane folder, the
@@ -168,6 +183,7 @@ impl Default for InodeTable {
         let root = Arc::new(Inode {
             ino: ROOT_INO,
             parent: ROOT_INO,
+            name: String::new(),
             node: Node::Root,
         });
         InodeTable {
@@ -198,20 +214,52 @@ impl InodeTable {
         self.len() <= 1
     }
 
+    /// The inodes given out after `ino`, in the order they were.
+    pub fn after(&self, ino: u64) -> Vec<Arc<Inode>> {
+        let table = read(&self.table);
+        let start = usize::try_from(ino)
+            .unwrap_or(usize::MAX)
+            .min(table.nodes.len());
+        table.nodes[start..].to_vec()
+    }
+
+    /// Gives out `inodes` again, as [`InodeTable::after`] gave them: each must be the next
+    /// number, or one given out already with the same contents (so restoring twice is
+    /// harmless).
+    ///
+    /// # Errors
+    /// An inode that skips a number, differs from the one of its number, or names a parent
+    /// not given out yet.
+    pub fn restore(&self, inodes: impl IntoIterator<Item = Inode>) -> Result<(), RestoreError> {
+        let mut table = write(&self.table);
+        for inode in inodes {
+            let ino = inode.ino;
+            let fail = |why| Err(RestoreError { ino, why });
+            let next = table.nodes.len() as u64 + 1;
+            if ino < next {
+                match *table.nodes[ino as usize - 1] == inode {
+                    true => continue,
+                    false => return fail("another inode has its number"),
+                }
+            }
+            if ino > next {
+                return fail("the inodes before it are missing");
+            }
+            if inode.parent >= ino {
+                return fail("its parent is not given out before it");
+            }
+            let key = Key::of(&inode);
+            push(&mut table, inode.parent, &inode.name, inode.node);
+            key.insert(&mut table, ino);
+        }
+        Ok(())
+    }
+
     /// The folder (or made file) `name` in `parent`, `node` the first time. A lane folder
     /// is tied to its commit, a snapshot folder to its group, a made file to its bytes, so a
     /// path that moves to other contents gets another inode.
     pub fn dir(&self, parent: u64, name: &str, node: Node) -> Arc<Inode> {
-        let key = DirKey {
-            parent,
-            name: name.to_owned(),
-            pin: match &node {
-                Node::LaneDir { lane, path } if path.is_empty() => Some(Pin::Lane(*lane)),
-                Node::HubSnapshot { group, path } if path.is_empty() => Some(Pin::Group(group.key)),
-                Node::Generated { bytes, .. } => Some(Pin::Bytes(Sha256::of(bytes))),
-                _ => None,
-            },
-        };
+        let key = dir_key(parent, name, &node);
         if let Some(found) = self.lookup(|t| t.dirs.get(&key).copied()) {
             return found;
         }
@@ -219,7 +267,7 @@ impl InodeTable {
         if let Some(&ino) = table.dirs.get(&key) {
             return table.nodes[ino as usize - 1].clone();
         }
-        let inode = push(&mut table, parent, node);
+        let inode = push(&mut table, parent, name, node);
         table.dirs.insert(key, inode.ino);
         inode
     }
@@ -247,7 +295,8 @@ impl InodeTable {
             size,
             mtime,
         };
-        let inode = push(&mut table, parent, node);
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let inode = push(&mut table, parent, name, node);
         table.files.insert(key, inode.ino);
         inode
     }
@@ -258,9 +307,148 @@ impl InodeTable {
     }
 }
 
-fn push(table: &mut Table, parent: u64, node: Node) -> Arc<Inode> {
+fn push(table: &mut Table, parent: u64, name: &str, node: Node) -> Arc<Inode> {
     let ino = table.nodes.len() as u64 + 1;
-    let inode = Arc::new(Inode { ino, parent, node });
+    let inode = Arc::new(Inode {
+        ino,
+        parent,
+        name: name.to_owned(),
+        node,
+    });
     table.nodes.push(inode.clone());
     inode
+}
+
+fn dir_key(parent: u64, name: &str, node: &Node) -> DirKey {
+    DirKey {
+        parent,
+        name: name.to_owned(),
+        pin: match node {
+            Node::LaneDir { lane, path } if path.is_empty() => Some(Pin::Lane(*lane)),
+            Node::HubSnapshot { group, path } if path.is_empty() => Some(Pin::Group(group.key)),
+            Node::Generated { bytes, .. } => Some(Pin::Bytes(Sha256::of(bytes))),
+            _ => None,
+        },
+    }
+}
+
+/// The key that finds an inode again: a file's lane and path, anything else's [`DirKey`].
+enum Key {
+    Dir(DirKey),
+    File((LaneRef, String)),
+}
+
+impl Key {
+    fn of(inode: &Inode) -> Key {
+        match &inode.node {
+            Node::File { lane, path, .. } => Key::File((*lane, path.clone())),
+            node => Key::Dir(dir_key(inode.parent, &inode.name, node)),
+        }
+    }
+
+    fn insert(self, table: &mut Table, ino: u64) {
+        match self {
+            Key::Dir(key) => table.dirs.insert(key, ino),
+            Key::File(key) => table.files.insert(key, ino),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::ObjectRef;
+    use crate::layout::Face;
+
+    fn lane(seed: u8) -> LaneRef {
+        LaneRef {
+            commit: ObjectRef::of(&[seed]),
+            face: Face::AsImported,
+        }
+    }
+
+    #[test]
+    fn restored_inodes_keep_their_numbers_and_are_found_again_by_their_keys() {
+        let table = InodeTable::default();
+        let org = table.dir(ROOT_INO, "acme", Node::Org { org: "acme".into() });
+        let dir = table.dir(
+            org.ino,
+            "bf16",
+            Node::LaneDir {
+                lane: lane(1),
+                path: String::new(),
+            },
+        );
+        let file = table.file(
+            dir.ino,
+            &lane(1),
+            "unet/w.safetensors",
+            8,
+            SystemTime::UNIX_EPOCH,
+        );
+        let given: Vec<Inode> = table
+            .after(0)
+            .iter()
+            .map(|i| ciborium::from_reader(&to_cbor(i)[..]).unwrap())
+            .collect();
+
+        let again = InodeTable::default();
+        again.restore(given.iter().map(copy)).unwrap();
+        again.restore(given.iter().map(copy)).unwrap();
+        assert_eq!(again.len(), 4, "restoring twice gives nothing out twice");
+        let org2 = again.dir(ROOT_INO, "acme", Node::Org { org: "acme".into() });
+        assert_eq!(org2.ino, org.ino);
+        let file2 = again.file(
+            dir.ino,
+            &lane(1),
+            "unet/w.safetensors",
+            8,
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(file2.ino, file.ino);
+        assert_eq!(file2.name, "w.safetensors");
+        let other = again.dir(
+            org.ino,
+            "bf16",
+            Node::LaneDir {
+                lane: lane(2),
+                path: String::new(),
+            },
+        );
+        assert_eq!(
+            other.ino, 5,
+            "a folder moved to another commit is a new inode"
+        );
+    }
+
+    #[test]
+    fn a_restore_that_skips_or_contradicts_a_number_is_refused() {
+        let org = |ino, name: &str| Inode {
+            ino,
+            parent: ROOT_INO,
+            name: name.into(),
+            node: Node::Org { org: name.into() },
+        };
+        let table = InodeTable::default();
+        let err = table.restore([org(3, "a")]).unwrap_err();
+        assert!(err.to_string().contains("before it are missing"), "{err}");
+        table.restore([org(2, "a")]).unwrap();
+        let err = table.restore([org(2, "b")]).unwrap_err();
+        assert!(err.to_string().contains("another inode"), "{err}");
+        let orphan = Inode {
+            parent: 9,
+            ..org(3, "c")
+        };
+        assert!(table.restore([orphan]).is_err());
+    }
+
+    fn to_cbor(inode: &Inode) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        ciborium::into_writer(inode, &mut bytes).unwrap();
+        bytes
+    }
+
+    fn copy(inode: &Inode) -> Inode {
+        ciborium::from_reader(&to_cbor(inode)[..]).unwrap()
+    }
 }

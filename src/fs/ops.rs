@@ -87,6 +87,12 @@ pub struct TensorFs {
     pub(super) refresh: Mutex<RefreshState>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_handle: AtomicU64,
+    /// Handles below this number were given out by a daemon this one took over from
+    /// ([`TensorFs::hand_out_from`]): the kernel still uses them, and [`TensorFs::adopt`]
+    /// opens them again.
+    adoptable_below: AtomicU64,
+    /// Held while a handle is adopted, so two first reads of one do not both open it.
+    adopting: Mutex<()>,
     /// The commits of open files, each held in the store once ([`Catalog::retain`]) with how
     /// many open files need it.
     pub(super) retained: Mutex<HashMap<Sha256, (usize, Option<Hold>)>>,
@@ -140,6 +146,8 @@ impl TensorFs {
             refresh: Mutex::default(),
             handles: Mutex::default(),
             next_handle: AtomicU64::new(1),
+            adoptable_below: AtomicU64::new(0),
+            adopting: Mutex::default(),
             retained: Mutex::default(),
             reported: Mutex::default(),
             counters: Counters::default(),
@@ -352,14 +360,67 @@ impl TensorFs {
         if write {
             return Err(FsError::ReadOnly);
         }
+        let (handle, backing) = self.open_handle(ino)?;
+        Ok(Opened {
+            // A ref's inode changes with its bytes, but a reader may hold the old one.
+            keep_cache: matches!(handle, Handle::File(_)),
+            fh: self.add_handle(handle),
+            backing,
+        })
+    }
+
+    /// The inodes given out after `ino`, in the order they were: what a daemon taking over
+    /// this mount must [`TensorFs::restore_inodes`] before it answers the kernel.
+    pub fn inodes_after(&self, ino: u64) -> Vec<Arc<Inode>> {
+        self.inodes.after(ino)
+    }
+
+    /// Gives out again the inodes a daemon this one took over from gave the kernel.
+    ///
+    /// # Errors
+    /// See [`InodeTable::restore`].
+    pub fn restore_inodes(
+        &self,
+        inodes: impl IntoIterator<Item = Inode>,
+    ) -> Result<(), super::inodes::RestoreError> {
+        self.inodes.restore(inodes)
+    }
+
+    /// Hands out handles from `first` on: a daemon taking over a mount gives numbers above
+    /// every one its predecessors gave, which [`TensorFs::adopt`] then takes as theirs.
+    pub fn hand_out_from(&self, first: u64) {
+        self.next_handle.fetch_max(first, Ordering::Relaxed);
+        self.adoptable_below.fetch_max(first, Ordering::Relaxed);
+    }
+
+    /// Opens file `ino` again as handle `fh`, which a daemon this one took over from gave the
+    /// kernel (see [`TensorFs::hand_out_from`]); returns whether `fh` is open now. A handle
+    /// this daemon gave, or one it has already adopted, is left as it is.
+    pub fn adopt(&self, ino: u64, fh: u64) -> bool {
+        if fh >= self.adoptable_below.load(Ordering::Relaxed) {
+            return false;
+        }
+        let _adopting = lock(&self.adopting);
+        if self.handle(fh).is_some() {
+            return true;
+        }
+        match self.open_handle(ino) {
+            Ok((handle, _)) => {
+                lock(&self.handles).insert(fh, handle);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("handle {fh} of inode {ino}, opened before a restart: {e}");
+                false
+            }
+        }
+    }
+
+    /// A handle open to file `ino`, and the local file the kernel may read in its place.
+    fn open_handle(&self, ino: u64) -> FsResult<(Handle, Option<std::fs::File>)> {
         let inode = self.inode(ino)?;
         if let Node::Generated { bytes, .. } = &inode.node {
-            return Ok(Opened {
-                fh: self.add_handle(Handle::Bytes(bytes.clone())),
-                // A ref's inode changes with its bytes, but a reader may hold the old one.
-                keep_cache: false,
-                backing: None,
-            });
+            return Ok((Handle::Bytes(bytes.clone()), None));
         }
         let Node::File { lane, path, .. } = &inode.node else {
             return Err(FsError::IsADirectory(ino));
@@ -384,11 +445,7 @@ impl TensorFs {
         };
         let backing = self.backing(&open.content);
         self.retain(&lane_ref.commit);
-        Ok(Opened {
-            fh: self.add_handle(Handle::File(Arc::new(open))),
-            keep_cache: true,
-            backing,
-        })
+        Ok((Handle::File(Arc::new(open)), backing))
     }
 
     /// A local file with exactly `content`'s bytes, with views on: a proven blob or a built

@@ -17,7 +17,7 @@
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -77,6 +77,10 @@ pub struct MountConfig {
     /// A descriptor to write [`READY_LINE`] (or `error: …`) to once mounted, then close; the
     /// background mode passes 1 (stdout, a pipe to the parent). See [`ready_fd_from_env`].
     pub ready_fd: Option<RawFd>,
+    /// How to start a daemon that serves the mount for [`mount`], which then supervises it
+    /// and starts it again should it die ([`super::supervise`]); `None` serves in this
+    /// process. The CLI's foreground mount gives its own command line.
+    pub daemon: Option<super::supervise::DaemonCommand>,
 }
 
 impl MountConfig {
@@ -95,10 +99,11 @@ impl MountConfig {
             fs: FsConfig::default(),
             remote: None,
             ready_fd: None,
+            daemon: None,
         }
     }
 
-    fn fuser_config(&self) -> fuser::Config {
+    pub(super) fn fuser_config(&self) -> fuser::Config {
         let mut options = vec![
             MountOption::RO,
             MountOption::FSName(super::mountinfo::FSNAME.into()),
@@ -225,12 +230,12 @@ pub enum MountError {
 }
 
 /// The FUSE device.
-const FUSE_DEVICE: &str = "/dev/fuse";
+pub(super) const FUSE_DEVICE: &str = "/dev/fuse";
 
 /// Advice for a refused mount whose cause can be seen: a missing FUSE device, or one this user
 /// may not open (Debian and Ubuntu make `/dev/fuse` 0666; some systems keep it 0600, root's
 /// alone). Empty when nothing is known.
-fn mount_hint(source: &io::Error, device: &Path, root: bool) -> String {
+pub(super) fn mount_hint(source: &io::Error, device: &Path, root: bool) -> String {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let meta = match fs::metadata(device) {
         Ok(meta) => meta,
@@ -268,12 +273,16 @@ fn mount_hint(source: &io::Error, device: &Path, root: bool) -> String {
 /// A mount made and handshaken, not yet served.
 struct Mounted {
     session: Session<FuseAdapter>,
-    unmounter: SessionUnmounter,
+    /// `None` when another process made the mount ([`super::supervise`]).
+    unmounter: Option<SessionUnmounter>,
     mountpoint: PathBuf,
 }
 
-fn start(config: &MountConfig) -> Result<Mounted, MountError> {
-    let mountpoint = check_mountpoint(&config.mountpoint)?;
+/// A lazy mount's transfers and its endpoint, which its status reports.
+type Fetching = Option<(Arc<crate::lazy::Fetcher>, String)>;
+
+/// The namespace `config` shows, and a lazy mount's transfers.
+fn namespace(config: &MountConfig) -> Result<(Arc<TensorFs>, Fetching), MountError> {
     let store = Store::open_existing(&config.store)?;
     let (fs, fetcher) = match &config.remote {
         None => (TensorFs::over_store(store, config.fs.clone()), None),
@@ -283,24 +292,53 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
             (fs, Some((lazy.fetcher, remote.endpoint.clone())))
         }
     };
-    fs.set_status_extra(status_extra(&mountpoint, config.foreground, fetcher));
-    let fs = Arc::new(fs);
-    let mut session = Session::new(FuseAdapter::new(fs), &mountpoint, &config.fuser_config())
-        .map_err(|source| MountError::Mount {
-            mountpoint: mountpoint.clone(),
-            hint: mount_hint(&source, Path::new(FUSE_DEVICE), is_root()),
-            source,
+    Ok((Arc::new(fs), fetcher))
+}
+
+fn start(config: &MountConfig) -> Result<Mounted, MountError> {
+    let mountpoint = check_mountpoint(&config.mountpoint)?;
+    let (fs, fetcher) = namespace(config)?;
+    let adapter = FuseAdapter::new(fs.clone());
+    fs.set_status_extra(status_extra(
+        &mountpoint,
+        config.foreground,
+        fetcher,
+        None,
+        &adapter,
+    ));
+    let mut session =
+        Session::new(adapter.clone(), &mountpoint, &config.fuser_config()).map_err(|source| {
+            MountError::Mount {
+                mountpoint: mountpoint.clone(),
+                hint: mount_hint(&source, Path::new(FUSE_DEVICE), is_root()),
+                source,
+            }
         })?;
+    adapter.serve_on(session.as_fd().as_raw_fd());
     let unmounter = session.unmount_callable();
-    if config.read_ahead_kb > 0 {
-        // The INIT reply (done in `Session::new`) sets the bdi's readahead, so this must follow.
-        if let Err(e) = set_read_ahead(&mountpoint, config.read_ahead_kb) {
+    raise_read_ahead(&mountpoint, config.read_ahead_kb);
+    log_mounted(config, &mountpoint);
+    Ok(Mounted {
+        session,
+        unmounter: Some(unmounter),
+        mountpoint,
+    })
+}
+
+/// Sets the mount's readahead window to `kb` KiB (0 keeps the kernel's). The INIT reply sets
+/// the bdi's readahead, so this must follow the handshake.
+pub(super) fn raise_read_ahead(mountpoint: &Path, kb: u32) {
+    if kb > 0 {
+        if let Err(e) = set_read_ahead(mountpoint, kb) {
             tracing::warn!(
                 "keeping the kernel's readahead for {}: {e}",
                 mountpoint.display()
             );
         }
     }
+}
+
+pub(super) fn log_mounted(config: &MountConfig, mountpoint: &Path) {
     match &config.remote {
         None => tracing::info!(
             "mounted {} at {}",
@@ -314,9 +352,66 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
             mountpoint.display()
         ),
     }
+}
+
+/// Serves the mount a supervisor made, as daemon `handoff.generation` of it: the namespace
+/// is built, the journal read back, the session started on the supervisor's `/dev/fuse`
+/// descriptor without a handshake (the kernel sent its only `INIT` to the supervisor), and
+/// after a takeover the kernel asked to send again what the dead daemon left unanswered.
+fn take_over(
+    config: &MountConfig,
+    handoff: &super::supervise::Handoff,
+) -> Result<Mounted, MountError> {
+    let mountpoint = handoff.mountpoint.clone();
+    let serve_err = |source| MountError::Serve {
+        mountpoint: mountpoint.clone(),
+        source,
+    };
+    let (fs, fetcher) = namespace(config)?;
+    // SAFETY: the supervisor passed the journal's descriptor for this process to own.
+    let journal = unsafe { File::from_raw_fd(handoff.journal) };
+    let (journal, replay) = super::takeover::Journal::resume(journal).map_err(serve_err)?;
+    if handoff.generation > 1 {
+        fs.hand_out_from((handoff.generation - 1) << super::takeover::HANDLE_BITS);
+    }
+    let adapter = FuseAdapter::resuming(fs.clone(), Arc::new(journal), replay)
+        .map_err(|e| serve_err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    fs.set_status_extra(status_extra(
+        &mountpoint,
+        config.foreground,
+        fetcher,
+        Some(handoff),
+        &adapter,
+    ));
+    let mut fuser_config = config.fuser_config();
+    // Clones of the descriptor would be this process's alone, and the kernel ends the requests
+    // read from a clone when its last descriptor closes: a crash would fail them.
+    fuser_config.clone_fd = false;
+    let session =
+        super::supervise::session_on(adapter.clone(), handoff, fuser_config).map_err(serve_err)?;
+    let device = session.as_fd().as_raw_fd();
+    adapter.serve_on(device);
+    if handoff.generation > 1 {
+        match handoff.offer.can_resend() {
+            true => super::takeover::resend(device).map_err(serve_err)?,
+            false => tracing::warn!(
+                "the kernel (FUSE {}.{}) cannot send again what the daemon before this one \
+                 left unanswered (Linux 6.9+): those readers wait until the mount is unmounted",
+                handoff.offer.major,
+                handoff.offer.minor
+            ),
+        }
+        tracing::info!(
+            "took over {} (daemon {} of this mount)",
+            mountpoint.display(),
+            handoff.generation
+        );
+    } else {
+        log_mounted(config, &mountpoint);
+    }
     Ok(Mounted {
         session,
-        unmounter,
+        unmounter: None,
         mountpoint,
     })
 }
@@ -327,9 +422,14 @@ fn start(config: &MountConfig) -> Result<Mounted, MountError> {
 fn status_extra(
     mountpoint: &Path,
     daemon: bool,
-    fetcher: Option<(Arc<crate::lazy::Fetcher>, String)>,
+    fetcher: Fetching,
+    supervised: Option<&super::supervise::Handoff>,
+    adapter: &FuseAdapter,
 ) -> crate::fs::status::StatusExtra {
+    let (resent, offer) = (adapter.resent(), adapter.offer.clone());
     let mountpoint = mountpoint.to_path_buf();
+    let pid = supervised.map_or(std::process::id(), |h| h.supervisor);
+    let restarts = supervised.map(|h| h.generation - 1);
     Box::new(move || {
         let (endpoint, fetch, cache) = match &fetcher {
             Some((fetcher, endpoint)) => (
@@ -340,9 +440,18 @@ fn status_extra(
             None => Default::default(),
         };
         let mut fields = serde_json::Map::new();
-        fields.insert("pid".into(), std::process::id().into());
-        // The process serves this mount alone and ends once it is unmounted.
+        // The process that ends once the mount is unmounted: the supervisor, if any.
+        fields.insert("pid".into(), pid.into());
+        // That process serves this mount alone.
         fields.insert("daemon".into(), daemon.into());
+        // The process serving requests now, and how many times one took over from another.
+        fields.insert("server_pid".into(), std::process::id().into());
+        fields.insert("restarts".into(), serde_json::json!(restarts));
+        let resent = resent.load(std::sync::atomic::Ordering::Relaxed);
+        fields.insert("resent".into(), resent.into());
+        // Whether a daemon taking over is sent what its predecessor left unanswered.
+        let resend = crate::sync::lock(&offer).map(|o| o.can_resend());
+        fields.insert("resend".into(), serde_json::json!(resend));
         fields.insert("mountpoint".into(), serde_json::json!(mountpoint));
         fields.insert("endpoint".into(), endpoint);
         fields.insert("fetch".into(), fetch);
@@ -351,14 +460,23 @@ fn status_extra(
     })
 }
 
-/// Mounts and serves in this process until the mount is unmounted from outside or
-/// SIGINT/SIGTERM arrives; then unmounts (lazily when busy) and returns. A second signal
-/// returns at once, leaving a busy mount detached to die with the process.
+/// Mounts and serves until the mount is unmounted from outside or SIGINT/SIGTERM arrives;
+/// then unmounts (lazily when busy) and returns. A second signal returns at once, leaving a
+/// busy mount detached to die with the process.
+///
+/// With [`MountConfig::daemon`], this process is a supervisor ([`super::supervise`]): it makes
+/// the mount and serves it through a daemon it starts, and starts again should it die, so
+/// readers see a pause, not an error. Started by a supervisor (its
+/// [`super::supervise::HANDOFF_ENV`] set), this process is that daemon.
 ///
 /// # Errors
 /// The mount point is stale, already mounted or unusable, the store cannot be opened, the
 /// kernel refuses the mount, or serving fails.
 pub fn mount(config: MountConfig) -> Result<(), MountError> {
+    let handoff = super::supervise::Handoff::from_env().map_err(|source| MountError::Serve {
+        mountpoint: config.mountpoint.clone(),
+        source,
+    })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -366,13 +484,21 @@ pub fn mount(config: MountConfig) -> Result<(), MountError> {
             mountpoint: config.mountpoint.clone(),
             source,
         })?;
-    let result = runtime.block_on(serve(config));
+    let result = match (handoff, &config.daemon) {
+        (Some(handoff), _) => runtime.block_on(serve(config, Some(handoff))),
+        (None, Some(_)) => runtime.block_on(super::supervise::supervise(config)),
+        (None, None) => runtime.block_on(serve(config, None)),
+    };
     // A session still running after a second signal must not hold the process.
     runtime.shutdown_background();
     result
 }
 
-async fn serve(config: MountConfig) -> Result<(), MountError> {
+/// Serves, as [`mount`] says: a mount of its own, or (with `handoff`) the supervisor's.
+async fn serve(
+    config: MountConfig,
+    handoff: Option<super::supervise::Handoff>,
+) -> Result<(), MountError> {
     use tokio::signal::unix::{signal, SignalKind};
     let serve_err = |source| MountError::Serve {
         mountpoint: config.mountpoint.clone(),
@@ -381,18 +507,24 @@ async fn serve(config: MountConfig) -> Result<(), MountError> {
     // Handlers first: a SIGTERM sent as soon as the mount appears must unmount, not kill us.
     let mut term = signal(SignalKind::terminate()).map_err(serve_err)?;
     let mut int = signal(SignalKind::interrupt()).map_err(serve_err)?;
-    let mounted = start(&config);
-    notify_ready(config.ready_fd, mounted.as_ref().map(|_| ()));
+    let mounted = match &handoff {
+        None => start(&config),
+        Some(handoff) => take_over(&config, handoff),
+    };
+    let ready_fd = handoff.as_ref().map_or(config.ready_fd, |h| Some(h.ready));
+    notify_ready(ready_fd, mounted.as_ref().map(|_| ()));
     let Mounted {
         session,
         mut unmounter,
         mountpoint,
     } = mounted?;
-    // A systemd unit of `Type=notify` starts what depends on the mount only now.
-    notify_systemd(&format!(
-        "READY=1\nSTATUS=serving {}\n",
-        mountpoint.display()
-    ));
+    if handoff.is_none() {
+        // A systemd unit of `Type=notify` starts what depends on the mount only now.
+        notify_systemd(&format!(
+            "READY=1\nSTATUS=serving {}\n",
+            mountpoint.display()
+        ));
+    }
     let mut run = tokio::task::spawn_blocking(move || ended(session.run()));
     let signal = tokio::select! {
         ended = &mut run => return ended_session(&mountpoint, ended),
@@ -400,8 +532,10 @@ async fn serve(config: MountConfig) -> Result<(), MountError> {
         _ = int.recv() => "SIGINT",
     };
     tracing::info!("{signal}: unmounting {}", mountpoint.display());
-    notify_systemd("STOPPING=1\n");
-    detach(&mut unmounter, &mountpoint)?;
+    if handoff.is_none() {
+        notify_systemd("STOPPING=1\n");
+    }
+    detach(unmounter.as_mut(), &mountpoint)?;
     tokio::select! {
         ended = &mut run => ended_session(&mountpoint, ended),
         _ = term.recv() => Ok(()),
@@ -433,7 +567,10 @@ fn ended_session(
 /// We unmount ourselves rather than through `fuser`: with `auto_unmount`, `fuser` only closes
 /// its socket to `fusermount3`, which unmounts only a filesystem whose daemon is gone
 /// (ENOTCONN); a live one would stay mounted and the session would never end.
-fn detach(unmounter: &mut SessionUnmounter, mountpoint: &Path) -> Result<(), MountError> {
+pub(super) fn detach(
+    unmounter: Option<&mut SessionUnmounter>,
+    mountpoint: &Path,
+) -> Result<(), MountError> {
     if let Err(e) = unmount(mountpoint, false) {
         if is_mounted(mountpoint) {
             tracing::warn!("{e}; detaching it: it goes away when its files close");
@@ -442,7 +579,7 @@ fn detach(unmounter: &mut SessionUnmounter, mountpoint: &Path) -> Result<(), Mou
     }
     // Lets `fuser` release its side (the auto_unmount socket); the mount is already gone, so
     // `fusermount3` finds nothing to do.
-    if let Err(e) = unmounter.unmount() {
+    if let Some(Err(e)) = unmounter.map(SessionUnmounter::unmount) {
         tracing::debug!("fuser unmount of {}: {e}", mountpoint.display());
     }
     Ok(())
@@ -450,7 +587,7 @@ fn detach(unmounter: &mut SessionUnmounter, mountpoint: &Path) -> Result<(), Mou
 
 /// Writes the readiness line (or the error) to `fd` and closes it; a standard descriptor is
 /// pointed at `/dev/null` instead, so later writes to it still succeed.
-fn notify_ready(fd: Option<RawFd>, result: Result<(), &MountError>) {
+pub(super) fn notify_ready(fd: Option<RawFd>, result: Result<(), &MountError>) {
     let Some(fd) = fd else { return };
     let line = match result {
         Ok(()) => format!("{READY_LINE}\n"),
@@ -473,7 +610,7 @@ fn notify_ready(fd: Option<RawFd>, result: Result<(), &MountError>) {
 /// datagram to `NOTIFY_SOCKET`, a path or, starting with `@`, an abstract socket name
 /// (sd_notify(3), systemd's `Type=notify`); nothing otherwise. A failure only costs the
 /// manager's view, so it is logged.
-fn notify_systemd(message: &str) {
+pub(super) fn notify_systemd(message: &str) {
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixDatagram};
     let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
@@ -618,6 +755,7 @@ pub fn spawn(config: MountConfig) -> Result<MountHandle, MountError> {
         unmounter,
         mountpoint,
     } = start(&config)?;
+    let unmounter = unmounter.expect("a mount of this process has its unmounter");
     let thread = std::thread::Builder::new()
         .name("tensorfs-session".into())
         .spawn(move || ended(session.run()))
@@ -648,7 +786,7 @@ impl MountHandle {
 
     fn stop(&mut self) -> Result<(), MountError> {
         if let Some(mut unmounter) = self.unmounter.take() {
-            if let Err(e) = detach(&mut unmounter, &self.mountpoint) {
+            if let Err(e) = detach(Some(&mut unmounter), &self.mountpoint) {
                 // Joining would wait for a session that may never end.
                 self.thread.take();
                 return Err(e);

@@ -54,6 +54,19 @@ pub fn fails(store: &Path, args: &[&str]) -> String {
     stderr
 }
 
+/// Mounts `store` at `mnt` in the background, logging to `log`, with `extra` flags; returns
+/// the command's output.
+pub fn mount_background(store: &Path, mnt: &Path, log: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "mount",
+        mnt.to_str().unwrap(),
+        "--log-file",
+        log.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ok(store, &args)
+}
+
 /// A safetensors file from raw header JSON text and a data buffer.
 pub fn raw_safetensors(header: &str, data: &[u8]) -> Vec<u8> {
     let mut out = (header.len() as u64).to_le_bytes().to_vec();

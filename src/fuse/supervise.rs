@@ -1,0 +1,513 @@
+//! Restarts that keep the mount. The process `tensorfs mount` leaves running is a supervisor:
+//! it makes the mount, answers the kernel's one `INIT` (recording its [`Offer`]), keeps the
+//! `/dev/fuse` descriptor and a [`Journal`], and starts the daemon that serves, handing it
+//! all three ([`Handoff`]). When the daemon dies (a crash, `kill -9`, or `SIGHUP` to the
+//! supervisor, which restarts it from the binary now installed: an upgrade), the supervisor
+//! starts another. It takes the descriptor over without a handshake, gives out the inodes and
+//! handles the journal lists again, and asks the kernel to resend what the dead daemon read
+//! and never answered, so readers (`read(2)`, page faults of an `mmap`) see a pause, never an
+//! error or `SIGBUS`. The connection lives as long as the supervisor holds the descriptor.
+//!
+//! Signals: SIGTERM or SIGINT to the supervisor unmount (the daemon is told, and unmounts);
+//! SIGHUP restarts the daemon. A daemon that dies more than [`MAX_RESTARTS`] times within
+//! [`RESTART_WINDOW`] is not started again: the mount is detached and the supervisor fails.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fuser::Session;
+
+use super::session::{self, MountConfig, MountError};
+use super::takeover::{Journal, Offer};
+use super::{FuseAdapter, Handshake};
+use crate::store::Store;
+use crate::sync::lock;
+
+/// The environment variable that makes `tensorfs mount --foreground` the daemon of a
+/// supervisor's mount: [`Handoff::to_env`]'s value.
+pub const HANDOFF_ENV: &str = "TENSORFS_HANDOFF";
+
+/// How many times a daemon may die within [`RESTART_WINDOW`] before the supervisor gives up.
+pub const MAX_RESTARTS: usize = 5;
+
+/// See [`MAX_RESTARTS`].
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// How long a daemon may take to say it serves.
+const READY_WAIT: Duration = Duration::from_secs(60);
+
+/// The command that starts a daemon: `program` with `args`, run with [`HANDOFF_ENV`] set (the
+/// CLI's: `tensorfs … mount MOUNTPOINT --foreground …`, which serves when handed a mount).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonCommand {
+    /// The binary, by path: after an upgrade, the new one.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+}
+
+impl DaemonCommand {
+    /// This process's own command line.
+    ///
+    /// # Errors
+    /// Its binary cannot be found.
+    pub fn this_process() -> io::Result<DaemonCommand> {
+        Ok(DaemonCommand {
+            program: std::env::current_exe()?,
+            args: std::env::args_os().skip(1).collect(),
+        })
+    }
+}
+
+/// What a supervisor hands the daemon it starts: descriptors (inherited, by number), which
+/// daemon of the mount it is, the kernel's offer, and the supervisor's pid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    /// The mount's `/dev/fuse` descriptor.
+    pub device: RawFd,
+    /// The journal's memory file.
+    pub journal: RawFd,
+    /// Where the daemon writes its readiness line ([`session::READY_LINE`] or `error: …`).
+    pub ready: RawFd,
+    /// Which daemon of the mount this is, from 1.
+    pub generation: u64,
+    /// The kernel's `INIT` offer.
+    pub offer: Offer,
+    /// The supervisor's pid.
+    pub supervisor: u32,
+    /// The mount point, canonical: the daemon must not look at it (it would ask itself).
+    pub mountpoint: PathBuf,
+}
+
+impl Handoff {
+    /// The value of [`HANDOFF_ENV`]: `device=N journal=N ready=N generation=N supervisor=PID
+    /// offer=OFFER mountpoint=HEX` (the path's bytes in hex).
+    pub fn to_env(&self) -> String {
+        use std::fmt::Write;
+        let mut hex = String::new();
+        for b in self.mountpoint.as_os_str().as_encoded_bytes() {
+            let _ = write!(hex, "{b:02x}");
+        }
+        format!(
+            "device={} journal={} ready={} generation={} supervisor={} offer={} mountpoint={hex}",
+            self.device,
+            self.journal,
+            self.ready,
+            self.generation,
+            self.supervisor,
+            self.offer.to_env()
+        )
+    }
+
+    /// Parses [`Handoff::to_env`]'s form.
+    pub fn parse(value: &str) -> Option<Handoff> {
+        let mut fields = std::collections::HashMap::new();
+        for field in value.split_whitespace() {
+            let (key, value) = field.split_once('=')?;
+            if fields.insert(key, value).is_some() {
+                return None;
+            }
+        }
+        let handoff = Handoff {
+            device: fields.remove("device")?.parse().ok()?,
+            journal: fields.remove("journal")?.parse().ok()?,
+            ready: fields.remove("ready")?.parse().ok()?,
+            generation: fields.remove("generation")?.parse().ok()?,
+            supervisor: fields.remove("supervisor")?.parse().ok()?,
+            offer: Offer::from_env(fields.remove("offer")?)?,
+            mountpoint: unhex(fields.remove("mountpoint")?)?,
+        };
+        (fields.is_empty() && handoff.generation >= 1).then_some(handoff)
+    }
+
+    /// The handoff this process was started with, if any.
+    ///
+    /// # Errors
+    /// [`HANDOFF_ENV`] is set but malformed.
+    pub fn from_env() -> io::Result<Option<Handoff>> {
+        let Some(value) = std::env::var_os(HANDOFF_ENV) else {
+            return Ok(None);
+        };
+        let value = value.to_string_lossy();
+        match Handoff::parse(&value) {
+            Some(handoff) => Ok(Some(handoff)),
+            None => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{HANDOFF_ENV}={value:?} is not a supervisor's handoff"),
+            )),
+        }
+    }
+}
+
+/// The path whose bytes `hex` spells.
+fn unhex(hex: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    (!bytes.is_empty()).then(|| PathBuf::from(OsString::from_vec(bytes)))
+}
+
+/// A session on the supervisor's `/dev/fuse` descriptor that starts handshaken: `fuser`
+/// always reads an `INIT` first, and the kernel sent its only one to the supervisor, so the
+/// session reads one made of the handoff's offer from a socket, and the descriptor then
+/// takes the socket's number (`dup3`), so every read after is the kernel's.
+///
+/// # Errors
+/// The socket cannot be made, or the handshake fails.
+pub fn session_on(
+    adapter: FuseAdapter,
+    handoff: &Handoff,
+    config: fuser::Config,
+) -> io::Result<Session<FuseAdapter>> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just made and are owned by nothing else.
+    let (ours, kernels) = unsafe { (OwnedFd::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    let request = handoff.offer.init_request();
+    // SAFETY: `request` is readable for its length.
+    let sent = unsafe { libc::write(kernels.as_raw_fd(), request.as_ptr().cast(), request.len()) };
+    if sent != request.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    let acl = config.acl;
+    let session = Session::from_fd(adapter, ours, acl, config)?;
+    // The reply to the made INIT lies unread in `kernels`, which closes here.
+    drop(kernels);
+    let fd = session.as_fd().as_raw_fd();
+    // SAFETY: both descriptors are open; dup3 atomically makes `fd` the device.
+    if unsafe { libc::dup3(handoff.device, fd, libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the handoff's descriptor is ours, and `fd` refers to the device now.
+    unsafe { libc::close(handoff.device) };
+    Ok(session)
+}
+
+/// A daemon the supervisor started.
+struct Daemon {
+    child: tokio::process::Child,
+    generation: u64,
+}
+
+/// What the supervisor keeps across daemons.
+struct Supervisor {
+    mountpoint: PathBuf,
+    /// What starts a daemon.
+    daemon: DaemonCommand,
+    device: RawFd,
+    journal: Journal,
+    offer: Offer,
+    generation: u64,
+}
+
+/// Makes the mount and serves it through daemons started from this binary, as the module
+/// says, until it is unmounted or SIGTERM/SIGINT arrives.
+///
+/// # Errors
+/// As [`session::mount`]; also a daemon that fails before serving, or dies too often.
+pub async fn supervise(config: MountConfig) -> Result<(), MountError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let given = config.mountpoint.clone();
+    let serve_err = |source| MountError::Serve {
+        mountpoint: given.clone(),
+        source,
+    };
+    let mut term = signal(SignalKind::terminate()).map_err(serve_err)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(serve_err)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(serve_err)?;
+    let ready_fd = config.ready_fd;
+    let (mut session, mut supervisor) = match mount(config).await {
+        Ok(mounted) => mounted,
+        Err(e) => {
+            session::notify_ready(ready_fd, Err(&e));
+            return Err(e);
+        }
+    };
+    let mountpoint = supervisor.mountpoint.clone();
+    let mut daemon = match supervisor.start().await {
+        Ok(daemon) => daemon,
+        Err(e) => {
+            session::notify_ready(ready_fd, Err(&e));
+            let _ = session::detach(Some(&mut session.unmount_callable()), &mountpoint);
+            return Err(e);
+        }
+    };
+    session::notify_ready(ready_fd, Ok(()));
+    session::notify_systemd(&format!(
+        "READY=1\nSTATUS=serving {}\n",
+        mountpoint.display()
+    ));
+    let mut deaths: Vec<Instant> = Vec::new();
+    loop {
+        let why = tokio::select! {
+            status = daemon.child.wait() => {
+                let status = status.map_err(serve_err)?;
+                if status.success() {
+                    // It served until the mount was unmounted.
+                    return Ok(());
+                }
+                if !session::is_mounted(&mountpoint) {
+                    return Err(MountError::Daemon(format!(
+                        "the daemon serving {} ended ({status}) and the mount is gone",
+                        mountpoint.display()
+                    )));
+                }
+                deaths.retain(|t| t.elapsed() < RESTART_WINDOW);
+                deaths.push(Instant::now());
+                if deaths.len() > MAX_RESTARTS {
+                    let _ = session::detach(Some(&mut session.unmount_callable()), &mountpoint);
+                    return Err(MountError::Daemon(format!(
+                        "the daemon serving {} died {} times within {} s (last: {status}); \
+                         the mount is detached: see the log",
+                        mountpoint.display(),
+                        deaths.len(),
+                        RESTART_WINDOW.as_secs()
+                    )));
+                }
+                format!("daemon {} died ({status})", daemon.generation)
+            }
+            _ = hup.recv() => {
+                // SAFETY: kill sends a signal to our own child, which has not been reaped.
+                if let Some(pid) = daemon.child.id() {
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
+                let _ = daemon.child.wait().await;
+                format!("SIGHUP: restarting daemon {} from {}", daemon.generation, supervisor.daemon.program.display())
+            }
+            _ = term.recv() => return stop(&mut session, &mountpoint, daemon, "SIGTERM", &mut term, &mut int).await,
+            _ = int.recv() => return stop(&mut session, &mountpoint, daemon, "SIGINT", &mut term, &mut int).await,
+        };
+        tracing::warn!("{why}; a new daemon takes over {}", mountpoint.display());
+        daemon = loop {
+            match supervisor.start().await {
+                Ok(daemon) => break daemon,
+                Err(e) => {
+                    deaths.push(Instant::now());
+                    if deaths
+                        .iter()
+                        .filter(|t| t.elapsed() < RESTART_WINDOW)
+                        .count()
+                        > MAX_RESTARTS
+                    {
+                        let _ = session::detach(Some(&mut session.unmount_callable()), &mountpoint);
+                        return Err(e);
+                    }
+                    tracing::warn!("{e}; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+    }
+}
+
+/// Makes the mount: the mount point checked, the store opened, the kernel's `INIT` answered.
+async fn mount(config: MountConfig) -> Result<(Session<Handshake>, Supervisor), MountError> {
+    let mountpoint = session::check_mountpoint(&config.mountpoint)?;
+    // Refused here, before mounting, rather than by the daemon after.
+    Store::open_existing(&config.store)?;
+    let serve_err = |source| MountError::Serve {
+        mountpoint: mountpoint.clone(),
+        source,
+    };
+    let daemon = config
+        .daemon
+        .clone()
+        .ok_or_else(|| serve_err(io::Error::other("no daemon command to supervise")))?;
+    let offer = Arc::new(Mutex::new(None));
+    let handshake = Handshake {
+        passthrough: config.fs.views.is_some(),
+        offer: offer.clone(),
+    };
+    let session =
+        Session::new(handshake, &mountpoint, &config.fuser_config()).map_err(|source| {
+            MountError::Mount {
+                mountpoint: mountpoint.clone(),
+                hint: session::mount_hint(
+                    &source,
+                    Path::new(session::FUSE_DEVICE),
+                    session::is_root(),
+                ),
+                source,
+            }
+        })?;
+    session::raise_read_ahead(&mountpoint, config.read_ahead_kb);
+    let offer = lock(&offer).ok_or_else(|| serve_err(io::Error::other("no INIT offer")))?;
+    let journal = Journal::create().map_err(serve_err)?;
+    let device = session.as_fd().as_raw_fd();
+    let supervisor = Supervisor {
+        mountpoint,
+        daemon,
+        device,
+        journal,
+        offer,
+        generation: 0,
+    };
+    Ok((session, supervisor))
+}
+
+impl Supervisor {
+    /// Starts the next daemon and waits until it serves.
+    async fn start(&mut self) -> Result<Daemon, MountError> {
+        self.generation += 1;
+        let daemon_err = |why: String| MountError::Daemon(why);
+        let (reader, writer) = io::pipe().map_err(|e| daemon_err(format!("a pipe: {e}")))?;
+        let handoff = Handoff {
+            device: self.device,
+            journal: self.journal.file().as_raw_fd(),
+            ready: writer.as_raw_fd(),
+            generation: self.generation,
+            offer: self.offer,
+            supervisor: std::process::id(),
+            mountpoint: self.mountpoint.clone(),
+        };
+        let mut command = tokio::process::Command::new(&self.daemon.program);
+        command
+            .args(&self.daemon.args)
+            .env(HANDOFF_ENV, handoff.to_env())
+            .env_remove(session::READY_FD_ENV)
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            // Signals from the terminal go to the supervisor, which tells the daemon.
+            .process_group(0);
+        let inherited = [handoff.device, handoff.journal, handoff.ready];
+        // SAFETY: between fork and exec only async-signal-safe calls: fcntl and prctl.
+        unsafe {
+            command.pre_exec(move || {
+                for fd in inherited {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // The daemon unmounts and ends when the supervisor dies.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|e| {
+            daemon_err(format!(
+                "cannot start {}: {e}",
+                self.daemon.program.display()
+            ))
+        })?;
+        drop(writer);
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(reader).read_line(&mut line);
+            line
+        });
+        let mut daemon = Daemon {
+            child,
+            generation: self.generation,
+        };
+        let line = match tokio::time::timeout(READY_WAIT, line).await {
+            Ok(Ok(line)) => line,
+            _ => {
+                let _ = daemon.child.start_kill();
+                let _ = daemon.child.wait().await;
+                return Err(MountError::Timeout {
+                    mountpoint: self.mountpoint.clone(),
+                    waited: READY_WAIT,
+                });
+            }
+        };
+        if line.trim_end() == session::READY_LINE {
+            return Ok(daemon);
+        }
+        let status = daemon
+            .child
+            .wait()
+            .await
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        Err(daemon_err(match line.trim_end().strip_prefix("error: ") {
+            Some(why) => why.to_owned(),
+            None => format!("it exited ({status}) before serving; see its log"),
+        }))
+    }
+}
+
+/// Stops on `signal`: the daemon is told (SIGTERM) and unmounts; a second signal returns at
+/// once.
+async fn stop(
+    session: &mut Session<Handshake>,
+    mountpoint: &Path,
+    mut daemon: Daemon,
+    signal: &str,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> Result<(), MountError> {
+    tracing::info!("{signal}: unmounting {}", mountpoint.display());
+    session::notify_systemd("STOPPING=1\n");
+    if let Some(pid) = daemon.child.id() {
+        // SAFETY: kill sends a signal to our own child, which has not been reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    }
+    tokio::select! {
+        _ = daemon.child.wait() => {}
+        _ = term.recv() => return Ok(()),
+        _ = int.recv() => return Ok(()),
+    }
+    if session::is_mounted(mountpoint) {
+        session::detach(Some(&mut session.unmount_callable()), mountpoint)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handoff_survives_its_environment_form() {
+        let handoff = Handoff {
+            device: 5,
+            journal: 6,
+            ready: 9,
+            generation: 3,
+            offer: Offer {
+                major: 7,
+                minor: 45,
+                flags: 0x20_0004_0000,
+                max_readahead: 1 << 20,
+            },
+            supervisor: 4242,
+            mountpoint: PathBuf::from("/home/a b/models"),
+        };
+        assert_eq!(Handoff::parse(&handoff.to_env()), Some(handoff.clone()));
+        let env = handoff.to_env();
+        for bad in [
+            String::new(),
+            env.replace("generation=3", "generation=0"),
+            env.replace("device=5", "device=x"),
+            format!("{env} extra=1"),
+            format!("{env} device=5"),
+            env.replace(" ready=9", ""),
+            env.replace("mountpoint=2f", "mountpoint=2"),
+        ] {
+            assert_eq!(Handoff::parse(&bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,566 @@
+//! What a daemon needs to take over a live mount from one that died: the kernel's `INIT`
+//! offer ([`Offer`]), so the new daemon makes the same choices without a handshake the kernel
+//! will never send again; the resend notification ([`resend`]), so requests the dead daemon
+//! had read but not answered are answered; and the [`Journal`] of what the kernel was told
+//! (inode numbers, and with passthrough the handles and their backing files), kept in a
+//! memory file the supervisor holds across daemons.
+//!
+//! The kernel keeps a connection, and every request on it, while any descriptor of its
+//! `/dev/fuse` file is open (fs/fuse/dev.c: `fuse_dev_release` ends a device's requests with
+//! `ECONNABORTED` only when its last descriptor closes). So a daemon that may be taken over
+//! reads only from the descriptor the supervisor holds too, never from clones of its own.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::sync::Mutex;
+
+use crate::fs::inodes::Inode;
+use crate::fs::TensorFs;
+use crate::sync::lock;
+
+/// What the kernel offered at `INIT`: the protocol version, its capability flags (the 64 bits
+/// of `flags` and `flags2`, `FUSE_INIT_EXT` left out) and the readahead it allows, in bytes.
+/// A daemon taking over answers an `INIT` made from this, so it negotiates as the first did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offer {
+    /// The protocol's major version (7).
+    pub major: u32,
+    /// Its minor version (45 on Linux 6.18).
+    pub minor: u32,
+    /// The capabilities offered (`FUSE_*` init flags).
+    pub flags: u64,
+    /// The largest readahead allowed, in bytes.
+    pub max_readahead: u32,
+}
+
+/// `FUSE_INIT`'s opcode (include/uapi/linux/fuse.h).
+const FUSE_INIT: u32 = 26;
+/// The init flag saying `flags2` holds the upper 32 flags.
+const FUSE_INIT_EXT: u64 = 1 << 30;
+/// `FUSE_NOTIFY_RESEND`'s code, protocol 7.40 (Linux 6.9).
+const FUSE_NOTIFY_RESEND: i32 = 7;
+/// The init flag by which the kernel says it takes [`FUSE_NOTIFY_RESEND`] (Linux 6.9).
+const FUSE_HAS_RESEND: u64 = 1 << 39;
+/// The bit the kernel sets in the `unique` of a resent request.
+pub const RESENT: u64 = 1 << 63;
+
+impl Offer {
+    /// The offer as one environment value: `MAJOR.MINOR:FLAGS:MAX_READAHEAD`, flags in hex.
+    pub fn to_env(&self) -> String {
+        format!(
+            "{}.{}:{:x}:{}",
+            self.major, self.minor, self.flags, self.max_readahead
+        )
+    }
+
+    /// Parses [`Offer::to_env`]'s form.
+    pub fn from_env(value: &str) -> Option<Offer> {
+        let mut fields = value.split(':');
+        let (major, minor) = fields.next()?.split_once('.')?;
+        let offer = Offer {
+            major: major.parse().ok()?,
+            minor: minor.parse().ok()?,
+            flags: u64::from_str_radix(fields.next()?, 16).ok()?,
+            max_readahead: fields.next()?.parse().ok()?,
+        };
+        fields.next().is_none().then_some(offer)
+    }
+
+    /// The `FUSE_INIT` request the kernel sent with this offer: `fuse_in_header` (40 bytes)
+    /// then `fuse_init_in` (64 bytes), native byte order.
+    pub fn init_request(&self) -> Vec<u8> {
+        let mut request = Vec::with_capacity(104);
+        let mut put = |v: &[u8]| request.extend_from_slice(v);
+        put(&104u32.to_ne_bytes()); // len
+        put(&FUSE_INIT.to_ne_bytes()); // opcode
+        put(&1u64.to_ne_bytes()); // unique
+        put(&0u64.to_ne_bytes()); // nodeid
+                                  // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        put(&unsafe { libc::geteuid() }.to_ne_bytes());
+        put(&unsafe { libc::getegid() }.to_ne_bytes());
+        put(&std::process::id().to_ne_bytes());
+        put(&0u32.to_ne_bytes()); // total_extlen, padding
+        put(&self.major.to_ne_bytes());
+        put(&self.minor.to_ne_bytes());
+        put(&self.max_readahead.to_ne_bytes());
+        let flags = self.flags | FUSE_INIT_EXT;
+        put(&(flags as u32).to_ne_bytes());
+        put(&((flags >> 32) as u32).to_ne_bytes());
+        put(&[0; 44]); // unused
+        request
+    }
+
+    /// Whether the kernel resends unanswered requests when asked ([`resend`]).
+    pub fn can_resend(&self) -> bool {
+        self.flags & FUSE_HAS_RESEND != 0
+    }
+}
+
+/// Asks the kernel to send again every request a daemon read from `device` and did not
+/// answer (`FUSE_NOTIFY_RESEND`; they come back with [`RESENT`] set in their `unique`).
+///
+/// # Errors
+/// The kernel refuses the notification (before Linux 6.9: `EINVAL`), or the write fails.
+pub fn resend(device: RawFd) -> io::Result<()> {
+    // fuse_out_header: len, error (the notification's code), unique (0: a notification).
+    let mut header = [0u8; 16];
+    header[..4].copy_from_slice(&16u32.to_ne_bytes());
+    header[4..8].copy_from_slice(&FUSE_NOTIFY_RESEND.to_ne_bytes());
+    // SAFETY: `header` is readable for its length; `device` is the caller's open descriptor.
+    let n = unsafe { libc::write(device, header.as_ptr().cast(), header.len()) };
+    match n {
+        16 => Ok(()),
+        -1 => Err(io::Error::last_os_error()),
+        _ => Err(io::Error::other("a short write of the resend notification")),
+    }
+}
+
+/// Unregisters passthrough backing file `id` of the connection `device` belongs to
+/// (`FUSE_DEV_IOC_BACKING_CLOSE`, `_IOW(229, 2, uint32_t)`): one a daemon before this one
+/// registered, whose last open is released now.
+pub fn close_backing(device: RawFd, id: u32) -> io::Result<()> {
+    const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = 0x4004_e502;
+    // SAFETY: the ioctl reads one u32 from a pointer that lives across the call.
+    match unsafe { libc::ioctl(device, FUSE_DEV_IOC_BACKING_CLOSE, &id as *const u32) } {
+        -1 => Err(io::Error::last_os_error()),
+        _ => Ok(()),
+    }
+}
+
+/// One journal record, CBOR-encoded after its length (u32, little-endian).
+#[derive(serde::Serialize)]
+enum Record<'a> {
+    /// An inode given to the kernel.
+    Inode(&'a Inode),
+    /// A handle opened while passthrough is on: its inode, and its backing file's id when
+    /// the kernel reads the file through it.
+    Open {
+        fh: u64,
+        ino: u64,
+        backing: Option<u32>,
+    },
+    /// A handle released.
+    Release { fh: u64 },
+}
+
+/// [`Record`] as read back.
+#[derive(serde::Deserialize)]
+enum ReadRecord {
+    Inode(Inode),
+    Open {
+        fh: u64,
+        ino: u64,
+        backing: Option<u32>,
+    },
+    Release {
+        fh: u64,
+    },
+}
+
+/// A handle the kernel holds, as the journal saw it opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenHandle {
+    /// Its inode.
+    pub ino: u64,
+    /// Its passthrough backing file's id, when it has one.
+    pub backing: Option<u32>,
+}
+
+/// What a journal held when a daemon took it over.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// The inodes given out, in order.
+    pub inodes: Vec<Inode>,
+    /// The handles open with passthrough on, by number.
+    pub open: BTreeMap<u64, OpenHandle>,
+}
+
+/// Where the live records start: the journal's first 8 bytes (u64, little-endian).
+const HEADER: u64 = 8;
+/// Released handles' records are dropped (the live ones written again at the end) once they
+/// pass this many bytes and twice the inodes' records.
+const COMPACT_AFTER: u64 = 1 << 20;
+
+#[derive(Debug)]
+struct State {
+    /// Where the next record goes.
+    end: u64,
+    /// The last inode written.
+    kept: u64,
+    /// Bytes of inode records since the live records' start.
+    inode_bytes: u64,
+    /// Bytes of open and release records since then.
+    event_bytes: u64,
+    /// The handles open, as recorded.
+    open: BTreeMap<u64, OpenHandle>,
+}
+
+/// The journal of what the kernel was told that a daemon taking over must know: every inode
+/// given out (written before the reply that gives it), and, while passthrough is on, every
+/// handle opened and released. Records follow an 8-byte header (the live records' offset),
+/// each a length (u32, little-endian) and a CBOR [`Record`]; a record cut short by a crash
+/// ends the journal. Replaying a record twice is harmless, so the handles still open are
+/// written again at the end and the space before them punched out (`FALLOC_FL_PUNCH_HOLE`),
+/// with no moment at which a crash loses them.
+#[derive(Debug)]
+pub struct Journal {
+    file: File,
+    state: Mutex<State>,
+}
+
+impl Journal {
+    /// A new, empty journal in a memory file (`memfd_create`, close-on-exec: the supervisor
+    /// passes it on by number).
+    ///
+    /// # Errors
+    /// The memory file cannot be made or written.
+    pub fn create() -> io::Result<Journal> {
+        // SAFETY: the name is a NUL-terminated literal; the call returns a new descriptor.
+        let fd = unsafe { libc::memfd_create(c"tensorfs-journal".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.write_all_at(&HEADER.to_le_bytes(), 0)?;
+        Ok(Journal::at(file, HEADER, 0, BTreeMap::new()))
+    }
+
+    fn at(file: File, end: u64, kept: u64, open: BTreeMap<u64, OpenHandle>) -> Journal {
+        Journal {
+            file,
+            state: Mutex::new(State {
+                end,
+                kept,
+                inode_bytes: 0,
+                event_bytes: 0,
+                open,
+            }),
+        }
+    }
+
+    /// Opens the journal a daemon before this one wrote, and reads it back. A record cut
+    /// short (the daemon died writing it) is dropped.
+    ///
+    /// # Errors
+    /// The journal cannot be read or its header is damaged.
+    pub fn resume(file: File) -> io::Result<(Journal, Replay)> {
+        let size = file.metadata()?.len();
+        let mut header = [0u8; 8];
+        file.read_exact_at(&mut header, 0)?;
+        let start = u64::from_le_bytes(header);
+        if !(HEADER..=size).contains(&start) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the takeover journal's records start at {start}, past its {size} bytes"),
+            ));
+        }
+        let mut bytes = vec![0; (size - start) as usize];
+        file.read_exact_at(&mut bytes, start)?;
+        let mut replay = Replay::default();
+        let mut at = 0usize;
+        while let Some(record) = next_record(&bytes, &mut at) {
+            match record {
+                ReadRecord::Inode(inode) => replay.inodes.push(inode),
+                ReadRecord::Open { fh, ino, backing } => {
+                    replay.open.insert(fh, OpenHandle { ino, backing });
+                }
+                ReadRecord::Release { fh } => {
+                    replay.open.remove(&fh);
+                }
+            }
+        }
+        let end = start + at as u64;
+        if end < size {
+            tracing::warn!(
+                "the takeover journal ends in {} bytes of a cut record; dropped",
+                size - end
+            );
+            file.set_len(end)?;
+        }
+        let kept = replay.inodes.iter().map(|i| i.ino).max().unwrap_or(0);
+        let journal = Journal::at(file, end, kept, replay.open.clone());
+        Ok((journal, replay))
+    }
+
+    /// The memory file, for the supervisor to hand to the next daemon.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Writes every inode `fs` gave out up to `ino` not written yet, so the reply that gives
+    /// `ino` to the kernel follows its record.
+    pub fn keep_inodes(&self, fs: &TensorFs, ino: u64) {
+        let mut state = lock(&self.state);
+        if ino <= state.kept {
+            return;
+        }
+        for inode in fs.inodes_after(state.kept) {
+            if let Err(e) = self.append(&mut state, &Record::Inode(&inode)) {
+                tracing::warn!(
+                    "the takeover journal: {e}; a restart loses inode {}",
+                    inode.ino
+                );
+                return;
+            }
+            state.kept = inode.ino;
+        }
+    }
+
+    /// Records handle `fh` of inode `ino` opened, with its backing file's id if any.
+    pub fn opened(&self, fs: &TensorFs, fh: u64, ino: u64, backing: Option<u32>) {
+        let mut state = lock(&self.state);
+        state.open.insert(fh, OpenHandle { ino, backing });
+        self.event(&mut state, fs, &Record::Open { fh, ino, backing });
+    }
+
+    /// Records handle `fh` released.
+    pub fn released(&self, fs: &TensorFs, fh: u64) {
+        let mut state = lock(&self.state);
+        if state.open.remove(&fh).is_some() {
+            self.event(&mut state, fs, &Record::Release { fh });
+        }
+    }
+
+    fn event(&self, state: &mut State, fs: &TensorFs, record: &Record) {
+        let written = self.append(state, record).and_then(|n| {
+            state.event_bytes += n;
+            match state.event_bytes > COMPACT_AFTER.max(2 * state.inode_bytes) {
+                true => self.compact(state, fs),
+                false => Ok(()),
+            }
+        });
+        if let Err(e) = written {
+            tracing::warn!("the takeover journal: {e}; a restart may misjudge open files");
+        }
+    }
+
+    /// Writes the live records again at the end, then moves the header to them and frees
+    /// what lies before.
+    fn compact(&self, state: &mut State, fs: &TensorFs) -> io::Result<()> {
+        let start = state.end;
+        state.inode_bytes = 0;
+        state.event_bytes = 0;
+        let kept = state.kept;
+        for inode in fs.inodes_after(0).iter().filter(|i| i.ino <= kept) {
+            let n = self.append(state, &Record::Inode(inode))?;
+            state.inode_bytes += n;
+        }
+        let open: Vec<_> = state.open.iter().map(|(fh, h)| (*fh, *h)).collect();
+        for (fh, h) in open {
+            let record = Record::Open {
+                fh,
+                ino: h.ino,
+                backing: h.backing,
+            };
+            state.event_bytes += self.append(state, &record)?;
+        }
+        self.file.write_all_at(&start.to_le_bytes(), 0)?;
+        // SAFETY: fallocate on our own descriptor; it touches no memory of ours.
+        let punched = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                HEADER as libc::off_t,
+                (start - HEADER) as libc::off_t,
+            )
+        };
+        if punched != 0 {
+            tracing::debug!("the takeover journal: {}", io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Appends `record`; returns its size in bytes.
+    fn append(&self, state: &mut State, record: &Record) -> io::Result<u64> {
+        let mut bytes = vec![0; 4];
+        ciborium::into_writer(record, &mut bytes).map_err(io::Error::other)?;
+        let len = u32::try_from(bytes.len() - 4).map_err(io::Error::other)?;
+        bytes[..4].copy_from_slice(&len.to_le_bytes());
+        self.file.write_all_at(&bytes, state.end)?;
+        state.end += bytes.len() as u64;
+        if matches!(record, Record::Inode(_)) {
+            state.inode_bytes += bytes.len() as u64;
+        }
+        Ok(bytes.len() as u64)
+    }
+}
+
+/// The record at `*at` in `bytes`, moving `*at` past it; `None` at the end or at a record cut
+/// short or unreadable.
+fn next_record(bytes: &[u8], at: &mut usize) -> Option<ReadRecord> {
+    let len = bytes.get(*at..*at + 4)?;
+    let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+    let body = bytes.get(*at + 4..*at + 4 + len)?;
+    let record = ciborium::from_reader(body).ok()?;
+    *at += 4 + len;
+    Some(record)
+}
+
+/// Handles a daemon of generation `g` gives out start at `(g - 1) << HANDLE_BITS`, above
+/// every handle of the daemons before it.
+pub const HANDLE_BITS: u32 = 48;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::inodes::Node;
+
+    #[test]
+    fn an_offer_survives_its_environment_form_and_makes_an_init_request() {
+        let offer = Offer {
+            major: 7,
+            minor: 45,
+            flags: (1 << 39) | (1 << 37) | (1 << 18),
+            max_readahead: 131072,
+        };
+        assert_eq!(Offer::from_env(&offer.to_env()), Some(offer));
+        for bad in ["", "7.45", "7.45:zz:1", "7:1:1", "7.45:1:1:1"] {
+            assert_eq!(Offer::from_env(bad), None, "{bad:?}");
+        }
+        let request = offer.init_request();
+        assert_eq!(request.len(), 104);
+        assert_eq!(&request[..4], &104u32.to_ne_bytes());
+        assert_eq!(&request[4..8], &FUSE_INIT.to_ne_bytes());
+        let word = |i: usize| u32::from_ne_bytes(request[i..i + 4].try_into().unwrap());
+        assert_eq!((word(40), word(44), word(48)), (7, 45, 131072));
+        assert_eq!(
+            word(52),
+            (1 << 18) | (1 << 30),
+            "low flags with FUSE_INIT_EXT"
+        );
+        assert_eq!(word(56), (1 << 7) | (1 << 5), "high flags");
+        assert!(offer.can_resend());
+        let old = Offer {
+            flags: 1 << 18,
+            ..offer
+        };
+        assert!(!old.can_resend());
+    }
+
+    fn inode(ino: u64, name: &str) -> Inode {
+        Inode {
+            ino,
+            parent: 1,
+            name: name.into(),
+            node: Node::Org { org: name.into() },
+        }
+    }
+
+    fn write_inodes(journal: &Journal, inodes: &[Inode]) {
+        let mut state = lock(&journal.state);
+        for i in inodes {
+            journal.append(&mut state, &Record::Inode(i)).unwrap();
+            state.kept = i.ino;
+        }
+    }
+
+    #[test]
+    fn a_journal_reads_back_its_inodes_and_open_handles_and_drops_a_cut_record() {
+        let journal = Journal::create().unwrap();
+        write_inodes(&journal, &[inode(2, "a"), inode(3, "b")]);
+        {
+            let mut state = lock(&journal.state);
+            for record in [
+                Record::Open {
+                    fh: 7,
+                    ino: 2,
+                    backing: Some(1),
+                },
+                Record::Open {
+                    fh: 8,
+                    ino: 3,
+                    backing: None,
+                },
+                Record::Release { fh: 7 },
+            ] {
+                journal.append(&mut state, &record).unwrap();
+            }
+        }
+        let size = journal.file.metadata().unwrap().len();
+        // A record cut short: its length says more than follows.
+        journal
+            .file
+            .write_all_at(&[200, 0, 0, 0, 1, 2], size)
+            .unwrap();
+        let file = journal.file.try_clone().unwrap();
+        let (resumed, replay) = Journal::resume(file).unwrap();
+        assert_eq!(replay.inodes, vec![inode(2, "a"), inode(3, "b")]);
+        assert_eq!(
+            replay.open,
+            BTreeMap::from([(
+                8,
+                OpenHandle {
+                    ino: 3,
+                    backing: None
+                }
+            )])
+        );
+        assert_eq!(
+            resumed.file.metadata().unwrap().len(),
+            size,
+            "the cut record is gone"
+        );
+        assert_eq!(lock(&resumed.state).kept, 3);
+    }
+
+    #[test]
+    fn released_handles_are_compacted_away_and_the_open_ones_kept() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
+        let fs = TensorFs::over_store(store, crate::fs::FsConfig::default());
+        let journal = Journal::create().unwrap();
+        journal.keep_inodes(&fs, 1);
+        journal.opened(&fs, 1, 1, Some(4));
+        // Far past the bytes that start a compaction.
+        for fh in 2..300_000 {
+            journal.opened(&fs, fh, 1, None);
+            journal.released(&fs, fh);
+        }
+        journal.opened(&fs, 300_000, 1, None);
+        let meta = journal.file.metadata().unwrap();
+        assert!(meta.len() > 4 * COMPACT_AFTER, "{} bytes", meta.len());
+        // At most the records since the last compaction are held, and the page they start in.
+        assert!(
+            meta.blocks() * 512 <= COMPACT_AFTER + (64 << 10),
+            "what lies before the live records is freed: {} bytes held",
+            meta.blocks() * 512
+        );
+        let (_, replay) = Journal::resume(journal.file.try_clone().unwrap()).unwrap();
+        assert_eq!(replay.inodes.len(), 1, "the root, once");
+        assert_eq!(
+            replay.open,
+            BTreeMap::from([
+                (
+                    1,
+                    OpenHandle {
+                        ino: 1,
+                        backing: Some(4)
+                    }
+                ),
+                (
+                    300_000,
+                    OpenHandle {
+                        ino: 1,
+                        backing: None
+                    }
+                ),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_damaged_header_is_an_error() {
+        let journal = Journal::create().unwrap();
+        journal
+            .file
+            .write_all_at(&u64::MAX.to_le_bytes(), 0)
+            .unwrap();
+        let err = Journal::resume(journal.file.try_clone().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("start at"), "{err}");
+    }
+}

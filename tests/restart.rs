@@ -1,0 +1,293 @@
+//! Restarts that keep the mount: the daemon serving a background mount is killed (or
+//! restarted with SIGHUP) under readers, and a new one takes over the same connection.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A store holding `local/big`: one 24 MiB U8 tensor (many chunks, so reads take many
+/// requests), mounted in the background at `<dir>/mnt` with `extra` flags. Returns (the
+/// file's bytes, store, mount point).
+fn mounted(dir: &Path, extra: &[&str]) -> (Vec<u8>, PathBuf, PathBuf) {
+    let data: Vec<u8> = (0..24u64 << 20)
+        .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+        .collect();
+    let file = safetensors_file(
+        &[T("w", safetensors::Dtype::U8, vec![data.len()], data)],
+        None,
+    );
+    let src = dir.join("src");
+    write_tree(&src, &[("model.safetensors", file.clone())]);
+    let store = dir.join("store");
+    ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/big"],
+    );
+    let mnt = dir.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    mount_background(&store, &mnt, &dir.join("mount.log"), extra);
+    (file, store, mnt)
+}
+
+/// Unmounts on drop, whatever the test did.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+fn status(store: &Path, mnt: &Path) -> serde_json::Value {
+    let said = ok(store, &["status", mnt.to_str().unwrap(), "--json"]);
+    serde_json::from_str::<serde_json::Value>(&said).unwrap()[0].clone()
+}
+
+fn pid(value: &serde_json::Value) -> i32 {
+    value.as_i64().unwrap_or_else(|| panic!("no pid: {value}")) as i32
+}
+
+fn kill(pid: i32, signal: i32) {
+    // SAFETY: a signal to a process id; no memory is passed.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid}");
+}
+
+/// Waits until a daemon other than `old` serves the mount (status answers from it).
+fn new_server(store: &Path, mnt: &Path, old: i32) -> serde_json::Value {
+    for _ in 0..200 {
+        let s = status(store, mnt);
+        if pid(&s["server_pid"]) != old {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no daemon took over from {old}");
+}
+
+/// Drops the file's cached pages, so the next reads ask the daemon.
+fn uncache(path: &Path) {
+    let file = fs::File::open(path).unwrap();
+    // SAFETY: fadvise on an open descriptor; no memory is passed.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+/// A request the dead daemon had read and not answered is sent again and answered by the
+/// next: an open that waits on the store's fence (held here, as a collection holds it) while
+/// the daemon is killed completes once the fence is let go, and reads the right bytes.
+#[test]
+fn a_request_the_killed_daemon_left_unanswered_is_answered_by_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let first = status(&store, &mnt);
+    let supervisor = pid(&first["pid"]);
+    let server = pid(&first["server_pid"]);
+    assert_ne!(supervisor, server, "the supervisor does not serve: {first}");
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    assert!(path.exists());
+
+    let fence = fs::File::options()
+        .read(true)
+        .write(true)
+        .open(store.join("holds/gc.lock"))
+        .unwrap();
+    fence.lock().unwrap();
+    let opened = Arc::new(AtomicBool::new(false));
+    let (done, reader) = std::sync::mpsc::channel();
+    {
+        let (path, opened) = (path.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let mut file = fs::File::open(&path).unwrap();
+            opened.store(true, Ordering::SeqCst);
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).unwrap();
+            let _ = done.send(bytes);
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !opened.load(Ordering::SeqCst),
+        "the open waits on the fence, in the daemon"
+    );
+    kill(server, libc::SIGKILL);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!opened.load(Ordering::SeqCst), "it still waits: no error");
+    fence.unlock().unwrap();
+    let got = reader
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the open was answered, without an error");
+    assert!(got == want, "the reader got the file's bytes");
+
+    let now = new_server(&store, &mnt, server);
+    assert_eq!(pid(&now["pid"]), supervisor, "{now}");
+    assert_eq!(now["restarts"], 1, "{now}");
+    assert!(
+        now["resent"].as_u64().unwrap() >= 1,
+        "the open was resent: {now}"
+    );
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+    assert!(
+        tensorfs::fuse::session::wait_for_exit(supervisor as u32, Duration::from_secs(10)),
+        "the supervisor ends with the mount"
+    );
+}
+
+/// An mmap reader and a sequential reader of a mounted file both finish with the file's
+/// bytes while the daemon is killed twice and restarted once by SIGHUP to the supervisor
+/// (what an upgrade does).
+#[test]
+fn readers_finish_with_the_right_bytes_while_the_daemon_is_killed_and_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    uncache(&path);
+    let step = 256 << 10;
+    let mapped = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let file = fs::File::open(&path).unwrap();
+            // SAFETY: the mounted file never changes while mapped.
+            let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
+            let mut bytes = Vec::with_capacity(map.len());
+            for part in map.chunks(step) {
+                bytes.extend_from_slice(part);
+                std::thread::sleep(Duration::from_millis(4));
+            }
+            bytes
+        })
+    };
+    let sequential = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let mut file = fs::File::open(&path).unwrap();
+            let mut bytes = Vec::new();
+            let mut buf = vec![0; step];
+            loop {
+                let n = file.read(&mut buf).unwrap();
+                if n == 0 {
+                    return bytes;
+                }
+                bytes.extend_from_slice(&buf[..n]);
+                std::thread::sleep(Duration::from_millis(4));
+            }
+        })
+    };
+    let supervisor = pid(&status(&store, &mnt)["pid"]);
+    for round in 0..3 {
+        std::thread::sleep(Duration::from_millis(120));
+        let server = pid(&status(&store, &mnt)["server_pid"]);
+        match round {
+            1 => kill(supervisor, libc::SIGHUP),
+            _ => kill(server, libc::SIGKILL),
+        }
+        new_server(&store, &mnt, server);
+    }
+    let mapped = mapped
+        .join()
+        .expect("the mmap reader saw no SIGBUS or error");
+    let sequential = sequential
+        .join()
+        .expect("the sequential reader saw no error");
+    assert!(mapped == want, "the mmap reader got the file's bytes");
+    assert!(
+        sequential == want,
+        "the sequential reader got the file's bytes"
+    );
+    let s = status(&store, &mnt);
+    assert_eq!(s["restarts"], 3, "{s}");
+    assert_eq!(pid(&s["pid"]), supervisor);
+    // What was looked up before the restarts is served after them.
+    assert_eq!(fs::read(&path).unwrap(), want);
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// With views (root), a file open through passthrough when the daemon dies opens again after:
+/// the new daemon knows the inode's mode and backing file from the journal, where guessing
+/// would make the kernel refuse the open (ETXTBSY or EBUSY).
+#[test]
+fn a_file_open_through_passthrough_opens_again_after_a_restart() {
+    if !tensorfs::fuse::session::may_pass_through() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI runs as root, where passthrough is possible"
+        );
+        eprintln!("skipped a_file_open_through_passthrough_opens_again_after_a_restart: needs CAP_SYS_ADMIN");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &[]);
+    let _cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    // Served once, the file gets a view, and opens after that pass through to it.
+    assert!(fs::read(&path).unwrap() == want);
+    for _ in 0..200 {
+        if status(&store, &mnt)["views"]["count"] == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut held = fs::File::open(&path).unwrap();
+    let served = status(&store, &mnt)["bytes_served"].clone();
+    uncache(&path);
+    let mut bytes = Vec::new();
+    held.read_to_end(&mut bytes).unwrap();
+    assert!(bytes == want);
+    assert_eq!(
+        status(&store, &mnt)["bytes_served"],
+        served,
+        "read through passthrough, not the daemon"
+    );
+    let server = pid(&status(&store, &mnt)["server_pid"]);
+    kill(server, libc::SIGKILL);
+    new_server(&store, &mnt, server);
+    for _ in 0..2 {
+        assert!(
+            fs::read(&path).unwrap() == want,
+            "opened again after the restart"
+        );
+    }
+    drop(held);
+    assert!(
+        fs::read(&path).unwrap() == want,
+        "and after the last old handle closed"
+    );
+    let s = status(&store, &mnt);
+    assert_eq!(s["read_errors"], 0, "{s}");
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// A daemon that keeps dying is not started for ever: past the supervisor's limit the mount
+/// is detached (nothing stale is left) and the supervisor ends, saying why in the log.
+#[test]
+fn a_daemon_that_keeps_dying_ends_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let supervisor = pid(&status(&store, &mnt)["pid"]);
+    let limit = tensorfs::fuse::supervise::MAX_RESTARTS;
+    for _ in 0..limit {
+        let server = pid(&status(&store, &mnt)["server_pid"]);
+        kill(server, libc::SIGKILL);
+        new_server(&store, &mnt, server);
+    }
+    kill(pid(&status(&store, &mnt)["server_pid"]), libc::SIGKILL);
+    assert!(
+        tensorfs::fuse::session::wait_for_exit(supervisor as u32, Duration::from_secs(10)),
+        "the supervisor gave up"
+    );
+    assert!(!tensorfs::fuse::session::is_mounted(&mnt), "no stale mount");
+    let log = fs::read_to_string(dir.path().join("mount.log")).unwrap();
+    assert!(log.contains(&format!("died {} times", limit + 1)), "{log}");
+}
