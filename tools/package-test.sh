@@ -14,8 +14,9 @@
 #    and `mount -t fuse.tensorfs` refuses an unknown option, naming it;
 # 6. reinstalling (an upgrade's path: no maintainer script) leaves that mount live, its daemon
 #    unchanged;
-# 7. the units' own command lines (ExecStartPre, ExecStart, with %h / %f filled in and
-#    NOTIFY_SOCKET set, as systemd runs them): READY=1 arrives once the mount is live, SIGTERM
+# 7. the units' own command lines (ExecStartPre, ExecStart, ExecReload, with %h / %f /
+#    $MAINPID filled in and NOTIFY_SOCKET set, as systemd runs them): READY=1 arrives once the
+#    mount is live, reload restarts the daemon with the mount still reading right, SIGTERM
 #    sends STOPPING=1 and unmounts;
 # 8. `dpkg -r tensorfs` removes it. The package is removed whatever happened.
 # Needs root, dpkg and apt-get; without them it fails under CI=true and says "skipped"
@@ -140,8 +141,9 @@ PY
 notify_pid=$!
 for i in $(seq 50); do [ -S "$notify" ] && break; sleep 0.1; done
 unit_line() { sed -n "s/^$2=//p" "$1" | head -1; }
+status_field() { /usr/bin/tensorfs status "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)[0]['$2'])"; }
 run_unit() {
-    local unit="$1" home="$2" path="$3" pre start pid i
+    local unit="$1" home="$2" path="$3" pre start pid i server reload
     pre="$(unit_line "$unit" ExecStartPre | sed "s|%h|$home|g; s|%f|$path|g")"
     start="$(unit_line "$unit" ExecStart | sed "s|%h|$home|g; s|%f|$path|g")"
     : >"$work/notified.txt"
@@ -154,11 +156,18 @@ run_unit() {
     grep -q '^READY=1' "$work/notified.txt" || { cat "$work/unit.log" >&2; die "$(basename "$unit"): no READY=1 from '$start'"; }
     is_mounted "$path" || die "$(basename "$unit"): READY=1 before $path was mounted"
     cmp -s "$src/model.safetensors" "$path/$file" || die "$(basename "$unit"): $path/$file differs"
+    # reload: the daemon starts again from the installed binary, the mount stays.
+    server="$(status_field "$path" server_pid)"
+    reload="$(unit_line "$unit" ExecReload | sed "s|\$MAINPID|$pid|g")"
+    $reload
+    for i in $(seq 100); do [ "$(status_field "$path" server_pid)" != "$server" ] && break; sleep 0.1; done
+    [ "$(status_field "$path" restarts)" = 1 ] || die "$(basename "$unit"): '$reload' did not restart the daemon"
+    cmp -s "$src/model.safetensors" "$path/$file" || die "$(basename "$unit"): after '$reload', $path/$file differs"
     kill -TERM "$pid"
     wait "$pid" || die "$(basename "$unit"): '$start' exited with $? on SIGTERM"
     grep -q '^STOPPING=1' "$work/notified.txt" || die "$(basename "$unit"): no STOPPING=1 on SIGTERM"
     is_mounted "$path" && die "$(basename "$unit"): SIGTERM left $path mounted"
-    log "$(basename "$unit"): '$start' said READY=1 once mounted, STOPPING=1 and unmounted on SIGTERM"
+    log "$(basename "$unit"): '$start' said READY=1 once mounted, restarted its daemon on '$reload', said STOPPING=1 and unmounted on SIGTERM"
 }
 mkdir -p "$work/home"
 run_unit /usr/lib/systemd/user/tensorfs-mount.service "$work/home" "$work/home/models"
