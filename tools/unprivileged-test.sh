@@ -10,7 +10,8 @@
 # no CAP_SYS_ADMIN), then as that user: imports a small Transformers
 # folder into a store in its home, mounts it in the background (no views: they need
 # CAP_SYS_ADMIN, and the mount says nothing about them), reads every file back equal, sees
-# `tensorfs status` report the mount, is refused `--allow-other` with the fix when
+# `tensorfs status` report the mount, kills its own daemon (-9) and reads on through the one
+# its supervisor starts, is refused `--allow-other` with the fix when
 # /etc/fuse.conf lacks `user_allow_other`, mounts with it once the line is there (fuse.conf is
 # put back afterwards), and unmounts; nothing is left mounted. Needs root (to create the user);
 # without it, it fails under CI=true and says "skipped" elsewhere.
@@ -87,6 +88,24 @@ s = json.loads(sys.argv[1])[0]
 assert s["views"] is None, f"views on an unprivileged mount: {s['views']}"
 assert s["opens"] >= 2, s
 PY
+# The user's daemon killed: its supervisor (also the user's) starts another, and the mount
+# reads on. Files read before are read again from a dropped page cache.
+pids="$(python3 -c 'import json,sys; s=json.loads(sys.argv[1])[0]; print(s["pid"], s["server_pid"])' "$status")"
+read -r supervisor server <<<"$pids"
+as_user kill -9 "$server" || die "$user may not kill its own daemon (pid $server)"
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0][sys.argv[2]])' "$1" "$2"; }
+restarts=""
+for i in $(seq 100); do
+    now="$(as_user "$work/tensorfs" status "$mnt" --json 2>/dev/null)" && restarts="$(field "$now" restarts)"
+    [ "$restarts" = 1 ] && break
+    sleep 0.1
+done
+[ "$restarts" = 1 ] || die "no daemon took over from the killed one (pid $server): ${now:-}"
+[ "$(field "$now" pid)" = "$supervisor" ] || die "the supervisor changed: $now"
+echo 3 >/proc/sys/vm/drop_caches
+for f in model.safetensors config.json; do
+    as_user cmp -s "$src/$f" "$lane/$f" || die "as $user, after a restart, $lane/$f differs from its source"
+done
 # Root reads nothing of a user's mount without allow_other (the kernel's rule).
 if cat "$lane/config.json" >/dev/null 2>&1; then die "root read a user's mount made without allow_other"; fi
 as_user "$work/tensorfs" unmount "$mnt" >/dev/null
@@ -104,4 +123,4 @@ out="$(as_user "${tfs[@]}" mount "$mnt" --allow-other 2>&1)" || die "--allow-oth
 cmp -s "$src/config.json" "$lane/config.json" || die "root cannot read a user's allow_other mount"
 as_user "$work/tensorfs" unmount "$mnt" >/dev/null
 is_mounted "$mnt" && die "unmount as $user left $mnt mounted"
-log "as $user: import, mount, read, status, allow_other (refused, then allowed) and unmount work"
+log "as $user: import, mount, read, status, a restart after kill -9, allow_other (refused, then allowed) and unmount work"
