@@ -1361,3 +1361,57 @@ fn a_pipeline_a_file_cannot_join_is_refused_by_name_and_nothing_is_stored() {
         "a refused import changed the store"
     );
 }
+
+/// A model folder (a VAE repo, a text encoder's Transformers folder) has a single-file face
+/// too: its one model in the layout ComfyUI loads it alone from (`vae/`, `text_encoders/`).
+/// Made from a file alone's Diffusers face and imported as a folder of its own, it gives back
+/// the file's arrays byte for byte (what the folder lacks aside), and shows in `@comfyui`.
+#[test]
+fn a_model_folder_exports_as_the_file_alone_it_was_made_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    for (name, tensors, lacks) in [
+        ("vae", vae_tensors(), "loss.logvar"),
+        (
+            "clip",
+            clip_tensors(768, false),
+            "text_model.embeddings.position_ids",
+        ),
+    ] {
+        let file = write(tmp.path(), &format!("{name}.safetensors"), &tensors);
+        ok(
+            &store,
+            &[
+                "import",
+                file.to_str().unwrap(),
+                "--name",
+                &format!("local/{name}-file"),
+            ],
+        );
+        let folder = tmp.path().join(format!("{name}-folder"));
+        let (from, to) = (format!("local/{name}-file"), format!("local/{name}"));
+        ok(
+            &store,
+            &["export", &from, folder.to_str().unwrap(), "--diffusers"],
+        );
+        ok(&store, &["import", folder.to_str().unwrap(), "--name", &to]);
+        let single = tmp.path().join(format!("{name}-single"));
+        ok(
+            &store,
+            &["export", &to, single.to_str().unwrap(), "--single"],
+        );
+        let made = tensors_of(&single.join("model.safetensors"));
+        let original = tensors_of(&file);
+        let left_out: Vec<&String> = original.keys().filter(|k| !made.contains_key(*k)).collect();
+        assert_eq!(left_out, [lacks], "{name}");
+        for (key, array) in &made {
+            assert!(original.get(key) == Some(array), "{name}: {key}");
+        }
+    }
+    // The file alone is ComfyUI's VAE, its training's loss.logvar and all.
+    let listed = ok(&store, &["ls", "--comfyui"]);
+    assert!(
+        !listed.contains("vae-file/latest/f32/vae.safetensors\tno rule"),
+        "{listed}"
+    );
+}

@@ -404,6 +404,15 @@ mod tests {
                 ],
                 Some("vae"),
             ),
+            // An LDM VAE file with the loss its training left (SD 1.x releases keep it).
+            (
+                &[
+                    "decoder.conv_in.weight",
+                    "encoder.conv_in.weight",
+                    "loss.logvar",
+                ],
+                Some("vae"),
+            ),
             (
                 &[
                     "text_model.embeddings.token_embedding.weight",

@@ -1336,7 +1336,8 @@ pub(crate) struct Reversed<'t> {
 /// encoder from SD 2.x's GELU one); else, for a pipeline no converter writes whole (FLUX.1,
 /// SD3 as ComfyUI loads them: diffusion model, VAE and text encoders from their own folders),
 /// one file per weighted component, each the first model-alone converter's (in table order)
-/// that takes a component of its name and class, when every one has one. Each file is each
+/// that takes a component of its name and class, when every one has one; for a model folder
+/// (no pipeline), its model's file ([`reverse_model`]). Each file is each
 /// component's tensors through its `reverse` keymap, under its prefix, and is checked by
 /// converting it back: it must give exactly the components' tensors, so what loads the file
 /// loads the lane.
@@ -1349,11 +1350,10 @@ pub(crate) fn reverse<'t>(
     header: &crate::format::Header,
 ) -> Result<Vec<Reversed<'t>>, String> {
     use crate::format::Value;
-    let class = header
-        .pipeline
-        .as_ref()
-        .map(|p| p.class.name.as_str())
-        .ok_or("it has no pipeline")?;
+    let Some(pipeline) = header.pipeline.as_ref() else {
+        return reverse_model(table, header);
+    };
+    let class = pipeline.class.name.as_str();
     let weighted: BTreeSet<&str> = header
         .components
         .iter()
@@ -1403,6 +1403,70 @@ pub(crate) fn reverse<'t>(
             ))
         }
     }
+}
+
+/// The single file of a model folder (no pipeline; its one weighted component is
+/// [`super::ROOT_COMPONENT`]): its tensors in the layout of the first model-alone converter
+/// (in table order) that takes its class, as ComfyUI loads a diffusion model, VAE or text
+/// encoder alone (a VAE repo's `diffusion_pytorch_model.safetensors` as the file ComfyUI's
+/// `vae/` holds). The file is [`super::SINGLE_FILE_NAME`].
+///
+/// # Errors
+/// Another component layout, no converter of its class, or why each that was tried could not.
+fn reverse_model<'t>(
+    table: &'t Table,
+    header: &crate::format::Header,
+) -> Result<Vec<Reversed<'t>>, String> {
+    use super::ROOT_COMPONENT;
+    let weighted: Vec<_> = header
+        .components
+        .iter()
+        .filter(|c| !c.tensors.is_empty())
+        .collect();
+    let [model] = weighted.as_slice() else {
+        return Err("it has no pipeline, and not one model".into());
+    };
+    if model.name != ROOT_COMPONENT {
+        return Err(format!(
+            "it has no pipeline, and its model is {:?}",
+            model.name
+        ));
+    }
+    let takes = |conv: &&'t Converter| {
+        conv.pipeline.is_none()
+            && matches!(conv.components.as_slice(), [r] if r.reverse.is_some()
+                && r.class.1 == model.class.name)
+    };
+    let mut tried = Vec::new();
+    for converter in table.converters.iter().filter(takes) {
+        // The converter's rule names the component as a pipeline does (`vae`, `transformer`).
+        let rule = &converter.components[0];
+        let mut named = header.clone();
+        for c in named
+            .components
+            .iter_mut()
+            .filter(|c| c.name == ROOT_COMPONENT)
+        {
+            c.name = rule.name.clone();
+        }
+        match reverse_by(table, converter, &named) {
+            Ok(mut arrays) => {
+                for a in &mut arrays {
+                    a.component = ROOT_COMPONENT.to_owned();
+                }
+                return Ok(vec![Reversed {
+                    name: super::SINGLE_FILE_NAME.to_owned(),
+                    converter,
+                    arrays,
+                }]);
+            }
+            Err(why) => tried.push(format!("{}: {why}", converter.name)),
+        }
+    }
+    Err(match tried.is_empty() {
+        true => format!("no converter of a {} alone", model.class.name),
+        false => tried.join("; "),
+    })
 }
 
 /// One file per weighted component of `header`, each by the first model-alone converter that

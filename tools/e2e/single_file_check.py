@@ -50,7 +50,9 @@
    halves through the Diffusers tensor's halves in the other order) and shown in
    `@comfyui/diffusion_models`, diffusers' conversion of the mounted file gives the model, and
    `<lane>@diffusers` loads with the class's from_pretrained: every tensor, the derived config
-   and one forward pass equal the model's.
+   and one forward pass equal the model's. The transformer's Diffusers model folder has a
+   `<lane>@single/model.safetensors` face holding the original file's arrays byte for byte,
+   which diffusers' conversion reads as the model.
 6. A model alone joins a stored pipeline (`import --pipeline`): the small SDXL's UNet, tuned
    (every weight moved) and written as ComfyUI keeps a model alone, imported with `--pipeline
    local/sdxl` adds its own size (its tensors padded to 4 KiB: 5 % at most for a model this small)
@@ -928,6 +930,33 @@ def check_transformer_alone(report, mnt, kind, model, file, lane):
     check_cozytensors(report, f"{kind} alone", mounted, "the imported file")
 
 
+def check_model_folder_single(report, mnt, kind, model, file, lane):
+    """The single-file face of the transformer's Diffusers model folder: the original file's
+    arrays byte for byte (under ComfyUI's names), which diffusers' conversion reads as the
+    model."""
+    from safetensors.torch import load_file
+
+    made = mnt / "local" / f"{kind}-transformer" / "latest" / f"{lane}@single" / "model.safetensors"
+    if not made.is_file():
+        report.check(False, f"{kind} model folder: @single/model.safetensors exists", str(made))
+        return
+
+    def bare(tensors):
+        return {k.removeprefix("model.diffusion_model."): v for k, v in tensors.items()}
+
+    ours, original = bare(load_file(str(made))), bare(load_file(str(file)))
+    bad = sorted(set(ours) ^ set(original)) + [k for k in ours if k in original and not torch_equal(ours[k], original[k])]
+    report.check(not bad, f"{kind} model folder: @single holds the original file's arrays, byte for byte",
+                 ", ".join(bad[:5]))
+    # diffusers' from_single_file takes FLUX.1's real widths as given; its conversion, at the
+    # model's widths, is tiny_dit's.
+    width = model.config.num_attention_heads * model.config.attention_head_dim
+    read = tiny_dit.diffusers_reading(kind, load_file(str(made)), width)
+    bad = same_tensors({"m": model.state_dict()}, {"m": read})
+    report.check(not bad, f"{kind} model folder: diffusers' conversion of @single gives the model",
+                 ", ".join(bad[:5]))
+
+
 def torch_equal(a, b):
     import torch
 
@@ -1056,7 +1085,8 @@ def main():
     for kind, (converter, _, _, _) in TRANSFORMERS_ALONE.items():
         folder, file = work / f"{kind}-transformer", work / f"{kind}_alone.safetensors"
         model = write_transformer_alone(report, kind, folder, file)
-        tensorfs("import", folder, "--name", f"local/{kind}-transformer", "--json")
+        folder_lane = json.loads(tensorfs("import", folder, "--name", f"local/{kind}-transformer",
+                                          "--json"))["lanes"][0]["lane"]
         said = json.loads(tensorfs("import", file, "--name", f"local/{kind}-alone", "--json"))
         converted = said["lanes"][0].get("single_file") or {}
         report.check(converted.get("converter") == converter and not said.get("warnings"),
@@ -1064,7 +1094,7 @@ def main():
         added = said["new_bytes"] / file.stat().st_size
         report.check(added <= 0.02, f"{kind} alone: the file adds at most 2 % to its Diffusers folder's store",
                      f"{said['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")
-        transformers_alone[kind] = (model, file, said["lanes"][0]["lane"])
+        transformers_alone[kind] = (model, file, said["lanes"][0]["lane"], folder_lane)
     # A transformer whose widths are not the pipeline's (4 latent channels against its VAE's 16)
     # joins no pipeline: the pipeline would fail at its first step.
     p = subprocess.run([str(args.tensorfs), "--store", str(store), "import", str(work / "sd3_alone.safetensors"),
@@ -1085,8 +1115,9 @@ def main():
             check_text_encoder_alone(report, mnt, name, model, lane)
         check_t5_alone(report, mnt, t5, t5_lane)
         check_composed(report, mnt, families["sdxl"][0], families["sdxl"][1], tuned, tuned_lane)
-        for kind, (model, file, lane) in transformers_alone.items():
+        for kind, (model, file, lane, folder_lane) in transformers_alone.items():
             check_transformer_alone(report, mnt, kind, model, file, lane)
+            check_model_folder_single(report, mnt, kind, model, file, folder_lane)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
 
 
