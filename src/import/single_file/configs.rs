@@ -331,11 +331,68 @@ fn vae(s: &Shapes<'_>) -> Result<Map<String, Value>, String> {
         "mid_block_add_attention".into(),
         json!(s.has("encoder.mid_block.attentions.0.to_q.weight")),
     );
-    config.insert("use_quant_conv".into(), json!(s.has("quant_conv.weight")));
-    config.insert(
-        "use_post_quant_conv".into(),
-        json!(s.has("post_quant_conv.weight")),
+    let quant = s.has("quant_conv.weight");
+    let post_quant = s.has("post_quant_conv.weight");
+    config.insert("use_quant_conv".into(), json!(quant));
+    config.insert("use_post_quant_conv".into(), json!(post_quant));
+    let mut want = Want::default();
+    let latent = s.dim("decoder.conv_in.weight", 4, 1)?;
+    let (first, last) = (channels[0], channels[channels.len() - 1]);
+    let attention = s.has("encoder.mid_block.attentions.0.to_q.weight");
+    // Encoder: conv_in, the levels (each but the last halves the size), the middle, and a
+    // conv_out to the latent's mean and log-variance.
+    want.conv(
+        "encoder.conv_in",
+        first,
+        s.dim("encoder.conv_in.weight", 4, 1)?,
+        3,
     );
+    let mut width = first;
+    for (b, &c) in channels.iter().enumerate() {
+        for r in 0..layers_per_block {
+            want.resnet(&format!("encoder.down_blocks.{b}.resnets.{r}"), width, c);
+            width = c;
+        }
+        if b + 1 < channels.len() {
+            want.conv(
+                &format!("encoder.down_blocks.{b}.downsamplers.0.conv"),
+                c,
+                c,
+                3,
+            );
+        }
+    }
+    want.mid_block("encoder.mid_block", last, attention);
+    want.norm("encoder.conv_norm_out", last);
+    want.conv("encoder.conv_out", 2 * latent, last, 3);
+    if quant {
+        want.conv("quant_conv", 2 * latent, 2 * latent, 1);
+    }
+    if post_quant {
+        want.conv("post_quant_conv", latent, latent, 1);
+    }
+    // Decoder: the same levels the other way, one resnet more each, each but the last
+    // doubling the size.
+    want.conv("decoder.conv_in", last, latent, 3);
+    want.mid_block("decoder.mid_block", last, attention);
+    let mut width = last;
+    for (b, &c) in channels.iter().rev().enumerate() {
+        for r in 0..=layers_per_block {
+            want.resnet(&format!("decoder.up_blocks.{b}.resnets.{r}"), width, c);
+            width = c;
+        }
+        if b + 1 < channels.len() {
+            want.conv(&format!("decoder.up_blocks.{b}.upsamplers.0.conv"), c, c, 3);
+        }
+    }
+    want.norm("decoder.conv_norm_out", first);
+    want.conv(
+        "decoder.conv_out",
+        s.dim("decoder.conv_out.weight", 4, 0)?,
+        first,
+        3,
+    );
+    want.exactly(s, "AutoencoderKL")?;
     Ok(config)
 }
 
@@ -692,6 +749,45 @@ impl Want {
     fn linear(&mut self, name: &str, outputs: u64, inputs: u64) {
         self.tensor(&format!("{name}.weight"), &[outputs, inputs]);
         self.tensor(&format!("{name}.bias"), &[outputs]);
+    }
+
+    /// A convolution `name` from `inputs` to `outputs` channels with a `k`×`k` kernel:
+    /// `.weight` `[outputs, inputs, k, k]`, `.bias` `[outputs]`.
+    fn conv(&mut self, name: &str, outputs: u64, inputs: u64, k: u64) {
+        self.tensor(&format!("{name}.weight"), &[outputs, inputs, k, k]);
+        self.tensor(&format!("{name}.bias"), &[outputs]);
+    }
+
+    /// A group or layer norm `name` over `c` channels: `.weight` and `.bias` `[c]`.
+    fn norm(&mut self, name: &str, c: u64) {
+        self.tensor(&format!("{name}.weight"), &[c]);
+        self.tensor(&format!("{name}.bias"), &[c]);
+    }
+
+    /// A Diffusers `ResnetBlock2D` `name` from `inputs` to `outputs` channels (no time
+    /// embedding): two norms and 3×3 convolutions, and a 1×1 shortcut where the widths differ.
+    fn resnet(&mut self, name: &str, inputs: u64, outputs: u64) {
+        self.norm(&format!("{name}.norm1"), inputs);
+        self.conv(&format!("{name}.conv1"), outputs, inputs, 3);
+        self.norm(&format!("{name}.norm2"), outputs);
+        self.conv(&format!("{name}.conv2"), outputs, outputs, 3);
+        if inputs != outputs {
+            self.conv(&format!("{name}.conv_shortcut"), outputs, inputs, 1);
+        }
+    }
+
+    /// A VAE's `UNetMidBlock2D` `name`, `c` channels wide: two resnets, and between them,
+    /// with `attention`, one attention over the channels (a group norm and four linears).
+    fn mid_block(&mut self, name: &str, c: u64, attention: bool) {
+        self.resnet(&format!("{name}.resnets.0"), c, c);
+        self.resnet(&format!("{name}.resnets.1"), c, c);
+        if attention {
+            let attn = format!("{name}.attentions.0");
+            self.norm(&format!("{attn}.group_norm"), c);
+            for l in ["to_q", "to_k", "to_v", "to_out.0"] {
+                self.linear(&format!("{attn}.{l}"), c, c);
+            }
+        }
     }
 
     /// A joint-attention block `block` of width `h` (FLUX.1's double blocks, SD3's joint
