@@ -1462,3 +1462,22 @@ fn a_model_folder_exports_as_the_file_alone_it_was_made_from() {
         "{listed}"
     );
 }
+
+/// A VAE missing one tensor is not converted (Diffusers would make the tensor up, a random
+/// one, and load another VAE than the file's): it imports as it is, and the warning names
+/// the tensor.
+#[test]
+fn a_vae_missing_a_tensor_imports_as_it_is_naming_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let mut tensors = vae_tensors();
+    tensors.retain(|(k, _)| k != "decoder.up.0.block.1.norm2.weight");
+    let file = write(tmp.path(), "vae.safetensors", &tensors);
+    let report = import_json(&store, &file, "local/vae", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("not converted") && warnings.contains("norm2.weight"),
+        "{warnings}"
+    );
+    assert!(report["lanes"][0]["single_file"].is_null(), "{report}");
+}
