@@ -175,6 +175,10 @@ pub enum FsError {
     /// A handle that is not open.
     #[error("handle {0} is not open")]
     BadHandle(u64),
+    /// A handle a daemon before this one opened, which could not be opened again (see
+    /// [`TensorFs::adopt`]).
+    #[error("handle {0} was opened before the daemon restarted and cannot be opened again (its log says why)")]
+    NotReopened(u64),
     /// The store's refs cannot be listed.
     #[error("reading the store's refs: {0}")]
     Refs(#[source] StoreError),
@@ -252,7 +256,10 @@ impl FsError {
             FsError::IsADirectory(_) => libc::EISDIR,
             FsError::ReadOnly => libc::EROFS,
             FsError::BadHandle(_) => libc::EBADF,
-            FsError::Refs(_) | FsError::Commit { .. } | FsError::Read { .. } => libc::EIO,
+            FsError::Refs(_)
+            | FsError::Commit { .. }
+            | FsError::Read { .. }
+            | FsError::NotReopened(_) => libc::EIO,
             FsError::NoAttribute(_) => libc::ENODATA,
             FsError::Range { .. } => libc::ERANGE,
             FsError::NoIoctl(_) => libc::ENOTTY,

@@ -63,7 +63,9 @@ impl FuseAdapter {
 
     /// The adapter of `fs` for a mount a later daemon may take over: it writes what the
     /// kernel is told to `journal`, and starts from what an earlier daemon's `replay` says
-    /// the kernel holds (inodes, open handles and their passthrough backing files).
+    /// the kernel holds: its inodes, and its open handles, opened again now (so their
+    /// commits are held against collections again at once; see [`TensorFs::adopt`], after
+    /// [`TensorFs::hand_out_from`]) with their passthrough backing files.
     ///
     /// # Errors
     /// The replayed inodes contradict each other.
@@ -73,6 +75,9 @@ impl FuseAdapter {
         replay: Replay,
     ) -> Result<FuseAdapter, crate::fs::inodes::RestoreError> {
         fs.restore_inodes(replay.inodes)?;
+        for (fh, handle) in &replay.open {
+            fs.adopt(handle.ino, *fh);
+        }
         let adapter = FuseAdapter {
             journal: Some(journal),
             ..FuseAdapter::new(fs)
@@ -447,18 +452,20 @@ impl Filesystem for FuseAdapter {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 let fh = FileHandle(opened.fh);
+                // Before the reply: a daemon taking over opens the handle again at once.
+                let record = |backing| {
+                    if let Some(journal) = &self.journal {
+                        journal.opened(&self.fs, opened.fh, ino.0, backing);
+                    }
+                };
                 if self.passthrough.enabled() {
-                    let record = |backing| {
-                        if let Some(journal) = &self.journal {
-                            journal.opened(&self.fs, opened.fh, ino.0, backing);
-                        }
-                    };
                     self.passthrough
                         .reply(ino.0, fh, fopen, opened.backing, reply, record);
                     if self.passthrough.refused() {
                         self.fs.stop_views();
                     }
                 } else {
+                    record(None);
                     reply.opened(fh, fopen)
                 }
             }
@@ -509,9 +516,9 @@ impl Filesystem for FuseAdapter {
     ) {
         if self.passthrough.enabled() {
             self.passthrough.release(ino.0);
-            if let Some(journal) = &self.journal {
-                journal.released(&self.fs, fh.0);
-            }
+        }
+        if let Some(journal) = &self.journal {
+            journal.released(&self.fs, fh.0);
         }
         self.fs.release(fh.0);
         reply.ok();

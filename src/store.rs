@@ -37,7 +37,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use objects::{hash_file, release_writer_locks, ObjectWriter, Staged};
-pub use refs::ref_key;
+pub use refs::{ref_key, Lock};
 
 use crate::format::{FormatError, Header, ObjectRef, Tree};
 

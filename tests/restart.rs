@@ -12,10 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A store holding `local/big`: one 24 MiB U8 tensor (many chunks, so reads take many
-/// requests), mounted in the background at `<dir>/mnt` with `extra` flags. Returns (the
-/// file's bytes, store, mount point).
-fn mounted(dir: &Path, extra: &[&str]) -> (Vec<u8>, PathBuf, PathBuf) {
+/// A store at `<dir>/store` holding `local/big`: one 24 MiB U8 tensor (many chunks, so reads
+/// take many requests). Returns (the file's bytes, store).
+fn imported(dir: &Path) -> (Vec<u8>, PathBuf) {
     let data: Vec<u8> = (0..24u64 << 20)
         .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
         .collect();
@@ -30,6 +29,13 @@ fn mounted(dir: &Path, extra: &[&str]) -> (Vec<u8>, PathBuf, PathBuf) {
         &store,
         &["import", src.to_str().unwrap(), "--name", "local/big"],
     );
+    (file, store)
+}
+
+/// [`imported`], mounted in the background at `<dir>/mnt` with `extra` flags. Returns (the
+/// file's bytes, store, mount point).
+fn mounted(dir: &Path, extra: &[&str]) -> (Vec<u8>, PathBuf, PathBuf) {
+    let (file, store) = imported(dir);
     let mnt = dir.join("mnt");
     fs::create_dir(&mnt).unwrap();
     mount_background(&store, &mnt, &dir.join("mount.log"), extra);
@@ -290,4 +296,168 @@ fn a_daemon_that_keeps_dying_ends_the_mount() {
     assert!(!tensorfs::fuse::session::is_mounted(&mnt), "no stale mount");
     let log = fs::read_to_string(dir.path().join("mount.log")).unwrap();
     assert!(log.contains(&format!("died {} times", limit + 1)), "{log}");
+}
+
+/// The commit of a file open when the daemon dies stays held against collections: the next
+/// daemon opens the journal's handles again before it serves, and the supervisor fences
+/// collections off until it does. A model removed while its file is open keeps its bytes
+/// through a restart and a collection, and its handle reads on.
+#[test]
+fn an_open_file_of_a_removed_model_keeps_its_bytes_through_a_restart_and_a_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    let mut held = fs::File::open(&path).unwrap();
+    let mut head = [0u8; 4096];
+    held.read_exact(&mut head).unwrap();
+    ok(&store, &["rm", "local/big"]);
+    let server = pid(&status(&store, &mnt)["server_pid"]);
+    kill(server, libc::SIGKILL);
+    let now = new_server(&store, &mnt, server);
+    assert_eq!(now["open_files"], 1, "the handle is open again: {now}");
+    assert_eq!(now["holds"]["commits"], 1, "and its commit held: {now}");
+    let said = ok(&store, &["gc", "--grace", "0"]);
+    assert!(said.contains("removed 0 objects"), "{said}");
+    uncache(&path);
+    let mut bytes = Vec::new();
+    std::io::Seek::rewind(&mut held).unwrap();
+    held.read_to_end(&mut bytes)
+        .expect("the held handle reads on");
+    assert!(bytes == want, "the held handle reads the file's bytes");
+    drop(held);
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// SIGTERM to the daemon (not its supervisor) replaces it, as a crash does: the mount stays.
+#[test]
+fn sigterm_to_the_daemon_replaces_it_and_the_mount_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    let held = fs::File::open(&path).unwrap();
+    let server = pid(&status(&store, &mnt)["server_pid"]);
+    kill(server, libc::SIGTERM);
+    let now = new_server(&store, &mnt, server);
+    assert_eq!(now["restarts"], 1, "{now}");
+    uncache(&path);
+    assert!(fs::read(&path).unwrap() == want);
+    drop(held);
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// A reload (SIGHUP) onto a binary that does not start keeps the mount: the supervisor starts
+/// the daemon from the binary it runs itself.
+#[test]
+fn a_reload_onto_a_binary_that_does_not_start_falls_back_to_the_running_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store) = imported(dir.path());
+    let bin = dir.path().join("bin/tensorfs");
+    fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_tensorfs"), &bin).unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let _cleanup = Cleanup(mnt.clone());
+    ok_command(
+        std::process::Command::new(&bin)
+            .arg("--store")
+            .arg(&store)
+            .args(["mount", mnt.to_str().unwrap(), "--view-cache", "0"])
+            .arg("--log-file")
+            .arg(dir.path().join("mount.log")),
+    );
+    // An upgrade that does not start.
+    fs::remove_file(&bin).unwrap();
+    fs::write(&bin, "#!/bin/sh\nexit 1\n").unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let first = status(&store, &mnt);
+    kill(pid(&first["pid"]), libc::SIGHUP);
+    let now = new_server(&store, &mnt, pid(&first["server_pid"]));
+    assert_eq!(now["restarts"], 1, "{now}");
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    assert!(fs::read(&path).unwrap() == want);
+    let log = fs::read_to_string(dir.path().join("mount.log")).unwrap();
+    assert!(
+        log.contains("from the binary this supervisor runs instead"),
+        "{log}"
+    );
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// A mount detached lazily while a file is open keeps serving it through a restart: the
+/// connection, not the mount table, says whether the mount is still there.
+#[test]
+fn a_lazily_detached_mount_serves_its_open_file_through_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    let mut held = fs::File::open(&path).unwrap();
+    let s = status(&store, &mnt);
+    ok(&store, &["unmount", "--lazy", mnt.to_str().unwrap()]);
+    assert!(!tensorfs::fuse::session::is_mounted(&mnt));
+    kill(pid(&s["server_pid"]), libc::SIGKILL);
+    // No status to ask now: the held file is the only way in.
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: fadvise on an open descriptor; no memory is passed.
+    unsafe { libc::posix_fadvise(held.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let mut bytes = Vec::new();
+    held.read_to_end(&mut bytes)
+        .expect("the open file reads through the new daemon");
+    assert!(bytes == want);
+    let supervisor = pid(&s["pid"]);
+    drop(held);
+    assert!(
+        tensorfs::fuse::session::wait_for_exit(supervisor as u32, Duration::from_secs(10)),
+        "the supervisor ends once the last file closes"
+    );
+}
+
+/// A hung daemon (stopped here) is named by `status`, which says `kill -9` of it replaces it;
+/// done, the mount answers again.
+#[test]
+fn status_names_a_hung_daemon_and_killing_it_replaces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let server = pid(&status(&store, &mnt)["server_pid"]);
+    let found = tensorfs::fuse::supervise::daemons_of(&mnt.canonicalize().unwrap());
+    let pids: Vec<u32> = found.iter().map(|(pid, _)| *pid).collect();
+    assert_eq!(pids, [server as u32]);
+    kill(server, libc::SIGSTOP);
+    let out = run(&store, &["status", mnt.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("did not answer"), "{said}");
+    assert!(said.contains(&format!("kill -9 {server}")), "{said}");
+    kill(server, libc::SIGKILL);
+    new_server(&store, &mnt, server);
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    assert!(fs::read(&path).unwrap() == want);
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// `unmount` of a mount whose daemon is hung (stopped here) unmounts: it finds the supervisor
+/// to wait for without asking the mount, where a question left waiting kept the mount busy.
+#[test]
+fn unmount_does_not_wait_on_a_hung_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let s = status(&store, &mnt);
+    let server = pid(&s["server_pid"]);
+    kill(server, libc::SIGSTOP);
+    let out = run(&store, &["unmount", mnt.to_str().unwrap()]);
+    kill(server, libc::SIGCONT);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!tensorfs::fuse::session::is_mounted(&mnt));
+    assert!(
+        tensorfs::fuse::session::wait_for_exit(pid(&s["pid"]) as u32, Duration::from_secs(10)),
+        "the supervisor ends"
+    );
 }

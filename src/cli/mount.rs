@@ -258,10 +258,17 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 pub fn unmount(args: &UnmountArgs) -> anyhow::Result<ExitCode> {
-    // Asked before: once unmounted, the daemon cannot be asked.
-    let daemon = (!args.lazy)
-        .then(|| super::status::daemon_pid(&session::resolve_mountpoint(&args.mountpoint)))
-        .flatten();
+    // Asked before: once unmounted, the daemon cannot be asked. A supervised mount's
+    // supervisor is found without asking the mount (a restarting or hung daemon would keep
+    // the question, and so the mount, busy).
+    let resolved = session::resolve_mountpoint(&args.mountpoint);
+    let daemon = match args.lazy {
+        true => None,
+        false => match crate::fuse::supervise::daemons_of(&resolved).first() {
+            Some((_, handoff)) => Some(handoff.supervisor),
+            None => super::status::daemon_pid(&resolved),
+        },
+    };
     session::unmount(&args.mountpoint, args.lazy)?;
     let how = if args.lazy { "detached" } else { "unmounted" };
     println!("{how} {}", args.mountpoint.display());

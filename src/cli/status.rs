@@ -95,13 +95,22 @@ pub(super) fn query(mountpoint: &Path) -> Value {
             "unmount and mount again with this version",
         ),
         Ok(Err(e)) => problem(format!("reading its status: {e}"), "see the daemon's log"),
-        Err(_) => problem(
-            format!(
-                "its daemon did not answer within {} s",
-                ANSWER_WAIT.as_secs()
-            ),
-            "see the daemon's log; `kill` its pid, then `tensorfs unmount --lazy`",
-        ),
+        Err(_) => {
+            let fix = match crate::fuse::supervise::daemons_of(mountpoint).as_slice() {
+                [(pid, _)] => format!(
+                    "see the daemon's log; `kill -9 {pid}` replaces the daemon and keeps the \
+                     mount (its supervisor starts another), or `tensorfs unmount --lazy`"
+                ),
+                _ => "see the daemon's log; `kill` its pid, then `tensorfs unmount --lazy`".into(),
+            };
+            problem(
+                format!(
+                    "its daemon did not answer within {} s",
+                    ANSWER_WAIT.as_secs()
+                ),
+                &fix,
+            )
+        }
     }
 }
 

@@ -394,8 +394,10 @@ impl TensorFs {
     }
 
     /// Opens file `ino` again as handle `fh`, which a daemon this one took over from gave the
-    /// kernel (see [`TensorFs::hand_out_from`]); returns whether `fh` is open now. A handle
-    /// this daemon gave, or one it has already adopted, is left as it is.
+    /// kernel (see [`TensorFs::hand_out_from`]), holding its commit against collections
+    /// again; returns whether `fh` is open now. A handle this daemon gave, or one it has
+    /// already adopted, is left as it is. One that cannot be opened is logged once, and
+    /// reads of it fail with EIO ([`FsError::NotReopened`]).
     pub fn adopt(&self, ino: u64, fh: u64) -> bool {
         if fh >= self.adoptable_below.load(Ordering::Relaxed) {
             return false;
@@ -410,9 +412,19 @@ impl TensorFs {
                 true
             }
             Err(e) => {
-                tracing::warn!("handle {fh} of inode {ino}, opened before a restart: {e}");
+                let consequence = "it was opened before the daemon restarted; its reads fail (EIO)";
+                self.report(format!("handle {fh}"), &e, consequence);
                 false
             }
+        }
+    }
+
+    /// The error for handle `fh`, which is not open: one an earlier daemon opened and this
+    /// one could not open again is EIO, any other EBADF.
+    fn not_open(&self, fh: u64) -> FsError {
+        match fh < self.adoptable_below.load(Ordering::Relaxed) {
+            true => FsError::NotReopened(fh),
+            false => FsError::BadHandle(fh),
         }
     }
 
@@ -509,7 +521,7 @@ impl TensorFs {
                 buf[..n].copy_from_slice(&bytes[start..start + n]);
                 return Ok(n);
             }
-            _ => return Err(FsError::BadHandle(fh)),
+            _ => return Err(self.not_open(fh)),
         };
         self.prefetch_ahead(&file, offset, buf.len() as u64);
         file.content

@@ -371,9 +371,7 @@ fn take_over(
     // SAFETY: the supervisor passed the journal's descriptor for this process to own.
     let journal = unsafe { File::from_raw_fd(handoff.journal) };
     let (journal, replay) = super::takeover::Journal::resume(journal).map_err(serve_err)?;
-    if handoff.generation > 1 {
-        fs.hand_out_from((handoff.generation - 1) << super::takeover::HANDLE_BITS);
-    }
+    fs.hand_out_from(super::takeover::first_handle(handoff.generation));
     let adapter = FuseAdapter::resuming(fs.clone(), Arc::new(journal), replay)
         .map_err(|e| serve_err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
     fs.set_status_extra(status_extra(
@@ -429,7 +427,7 @@ fn status_extra(
     let (resent, offer) = (adapter.resent(), adapter.offer.clone());
     let mountpoint = mountpoint.to_path_buf();
     let pid = supervised.map_or(std::process::id(), |h| h.supervisor);
-    let restarts = supervised.map(|h| h.generation - 1);
+    let restarts = supervised.map(|h| h.restarts);
     Box::new(move || {
         let (endpoint, fetch, cache) = match &fetcher {
             Some((fetcher, endpoint)) => (
@@ -526,11 +524,24 @@ async fn serve(
         ));
     }
     let mut run = tokio::task::spawn_blocking(move || ended(session.run()));
+    let mut orphaned =
+        signal(SignalKind::from_raw(super::supervise::SUPERVISOR_DIED)).map_err(serve_err)?;
     let signal = tokio::select! {
         ended = &mut run => return ended_session(&mountpoint, ended),
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        _ = orphaned.recv() => "the supervisor died",
     };
+    if let (Some(handoff), true) = (&handoff, signal.starts_with("SIG")) {
+        // A supervised daemon told to stop ends, and its supervisor starts another; the
+        // supervisor is who unmounts. What this one read and did not answer is sent again.
+        tracing::warn!(
+            "{signal}: daemon {} ends; its supervisor (pid {}) starts another",
+            handoff.generation,
+            handoff.supervisor
+        );
+        std::process::exit(super::supervise::REPLACE_ME);
+    }
     tracing::info!("{signal}: unmounting {}", mountpoint.display());
     if handoff.is_none() {
         notify_systemd("STOPPING=1\n");

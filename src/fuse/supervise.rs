@@ -8,9 +8,11 @@
 //! and never answered, so readers (`read(2)`, page faults of an `mmap`) see a pause, never an
 //! error or `SIGBUS`. The connection lives as long as the supervisor holds the descriptor.
 //!
-//! Signals: SIGTERM or SIGINT to the supervisor unmount (the daemon is told, and unmounts);
-//! SIGHUP restarts the daemon. A daemon that dies more than [`MAX_RESTARTS`] times within
-//! [`RESTART_WINDOW`] is not started again: the mount is detached and the supervisor fails.
+//! Signals: SIGTERM or SIGINT to the supervisor unmount; to the daemon, they only replace it.
+//! SIGHUP restarts the daemon (from the binary now installed, else from the supervisor's
+//! own). A daemon whose supervisor dies unmounts. A daemon that dies more than
+//! [`MAX_RESTARTS`] times within [`RESTART_WINDOW`] is not started again: the mount is
+//! detached and the supervisor fails.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -75,8 +77,11 @@ pub struct Handoff {
     pub journal: RawFd,
     /// Where the daemon writes its readiness line ([`session::READY_LINE`] or `error: …`).
     pub ready: RawFd,
-    /// Which daemon of the mount this is, from 1.
+    /// Which daemon of the mount this is, from 1 (each start counts, failed ones too).
     pub generation: u64,
+    /// How many daemons took over the mount before this one's start, this one included
+    /// (0 for the first).
+    pub restarts: u64,
     /// The kernel's `INIT` offer.
     pub offer: Offer,
     /// The supervisor's pid.
@@ -86,8 +91,8 @@ pub struct Handoff {
 }
 
 impl Handoff {
-    /// The value of [`HANDOFF_ENV`]: `device=N journal=N ready=N generation=N supervisor=PID
-    /// offer=OFFER mountpoint=HEX` (the path's bytes in hex).
+    /// The value of [`HANDOFF_ENV`]: `device=N journal=N ready=N generation=N restarts=N
+    /// supervisor=PID offer=OFFER mountpoint=HEX` (the path's bytes in hex).
     pub fn to_env(&self) -> String {
         use std::fmt::Write;
         let mut hex = String::new();
@@ -95,11 +100,13 @@ impl Handoff {
             let _ = write!(hex, "{b:02x}");
         }
         format!(
-            "device={} journal={} ready={} generation={} supervisor={} offer={} mountpoint={hex}",
+            "device={} journal={} ready={} generation={} restarts={} supervisor={} offer={} \
+             mountpoint={hex}",
             self.device,
             self.journal,
             self.ready,
             self.generation,
+            self.restarts,
             self.supervisor,
             self.offer.to_env()
         )
@@ -119,6 +126,7 @@ impl Handoff {
             journal: fields.remove("journal")?.parse().ok()?,
             ready: fields.remove("ready")?.parse().ok()?,
             generation: fields.remove("generation")?.parse().ok()?,
+            restarts: fields.remove("restarts")?.parse().ok()?,
             supervisor: fields.remove("supervisor")?.parse().ok()?,
             offer: Offer::from_env(fields.remove("offer")?)?,
             mountpoint: unhex(fields.remove("mountpoint")?)?,
@@ -156,6 +164,30 @@ fn unhex(hex: &str) -> Option<PathBuf> {
         .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
         .collect::<Option<Vec<u8>>>()?;
     (!bytes.is_empty()).then(|| PathBuf::from(OsString::from_vec(bytes)))
+}
+
+/// The daemons serving the mount at `mountpoint` (canonical) for a supervisor, each with the
+/// handoff it was started with (which names the supervisor): the processes this user may read
+/// the environment of whose [`HANDOFF_ENV`] names the mount. Found without asking the mount,
+/// which a hung daemon would not answer.
+pub fn daemons_of(mountpoint: &Path) -> Vec<(u32, Handoff)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let key = format!("{HANDOFF_ENV}=");
+    let mut found: Vec<(u32, Handoff)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter_map(|pid: u32| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let handoff = environ
+                .split(|&b| b == 0)
+                .filter_map(|var| var.strip_prefix(key.as_bytes()))
+                .find_map(|value| Handoff::parse(std::str::from_utf8(value).ok()?))?;
+            (handoff.mountpoint == mountpoint).then_some((pid, handoff))
+        })
+        .collect();
+    found.sort_unstable_by_key(|(pid, _)| *pid);
+    found
 }
 
 /// A session on the supervisor's `/dev/fuse` descriptor that starts handshaken: `fuser`
@@ -214,13 +246,27 @@ struct Daemon {
 /// What the supervisor keeps across daemons.
 struct Supervisor {
     mountpoint: PathBuf,
+    /// The store, whose collections are fenced off while no daemon holds its open files'
+    /// commits (between one daemon's death and the next one's readiness).
+    store: Store,
+    /// Whether the mount shows an endpoint's models (their blobs are fetched again when
+    /// evicted, and a fetch may need the fence exclusively: not fenced).
+    remote: bool,
     /// What starts a daemon.
     daemon: DaemonCommand,
     device: RawFd,
     journal: Journal,
     offer: Offer,
+    /// Daemons started, and how many of them took over from another.
     generation: u64,
+    restarts: u64,
 }
+
+/// The signal a daemon gets when its supervisor dies (`PR_SET_PDEATHSIG`): it unmounts.
+pub const SUPERVISOR_DIED: libc::c_int = libc::SIGUSR1;
+
+/// The exit status of a daemon that ends to be replaced (SIGTERM or SIGINT to it).
+pub const REPLACE_ME: i32 = 75;
 
 /// Makes the mount and serves it through daemons started from this binary, as the module
 /// says, until it is unmounted or SIGTERM/SIGINT arrives.
@@ -261,40 +307,47 @@ pub async fn supervise(config: MountConfig) -> Result<(), MountError> {
     ));
     let mut deaths: Vec<Instant> = Vec::new();
     loop {
-        let why = tokio::select! {
+        let (why, fence) = tokio::select! {
             status = daemon.child.wait() => {
                 let status = status.map_err(serve_err)?;
+                // What its open files need is not held now: no collection until the next
+                // daemon holds it again.
+                let fence = supervisor.fence();
                 if status.success() {
                     // It served until the mount was unmounted.
                     return Ok(());
                 }
-                if !session::is_mounted(&mountpoint) {
-                    return Err(MountError::Daemon(format!(
-                        "the daemon serving {} ended ({status}) and the mount is gone",
+                if !supervisor.connected() {
+                    tracing::info!(
+                        "daemon {} ended ({status}) after the mount at {} went",
+                        daemon.generation,
                         mountpoint.display()
-                    )));
+                    );
+                    return Ok(());
                 }
                 deaths.retain(|t| t.elapsed() < RESTART_WINDOW);
                 deaths.push(Instant::now());
                 if deaths.len() > MAX_RESTARTS {
-                    let _ = session::detach(Some(&mut session.unmount_callable()), &mountpoint);
-                    return Err(MountError::Daemon(format!(
-                        "the daemon serving {} died {} times within {} s (last: {status}); \
-                         the mount is detached: see the log",
-                        mountpoint.display(),
-                        deaths.len(),
-                        RESTART_WINDOW.as_secs()
-                    )));
+                    return Err(give_up(&mut session, &mountpoint, &deaths, &status.to_string()));
                 }
-                format!("daemon {} died ({status})", daemon.generation)
+                let why = match status.code() {
+                    Some(REPLACE_ME) => format!("daemon {} ended on a signal sent to it", daemon.generation),
+                    _ => format!("daemon {} died ({status})", daemon.generation),
+                };
+                (why, fence)
             }
             _ = hup.recv() => {
+                let fence = supervisor.fence();
                 // SAFETY: kill sends a signal to our own child, which has not been reaped.
                 if let Some(pid) = daemon.child.id() {
                     unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
                 }
                 let _ = daemon.child.wait().await;
-                format!("SIGHUP: restarting daemon {} from {}", daemon.generation, supervisor.daemon.program.display())
+                (format!(
+                    "SIGHUP: restarting daemon {} from {}",
+                    daemon.generation,
+                    supervisor.daemon.program.display()
+                ), fence)
             }
             _ = term.recv() => return stop(&mut session, &mountpoint, daemon, "SIGTERM", &mut term, &mut int).await,
             _ = int.recv() => return stop(&mut session, &mountpoint, daemon, "SIGINT", &mut term, &mut int).await,
@@ -304,29 +357,42 @@ pub async fn supervise(config: MountConfig) -> Result<(), MountError> {
             match supervisor.start().await {
                 Ok(daemon) => break daemon,
                 Err(e) => {
+                    deaths.retain(|t| t.elapsed() < RESTART_WINDOW);
                     deaths.push(Instant::now());
-                    if deaths
-                        .iter()
-                        .filter(|t| t.elapsed() < RESTART_WINDOW)
-                        .count()
-                        > MAX_RESTARTS
-                    {
-                        let _ = session::detach(Some(&mut session.unmount_callable()), &mountpoint);
-                        return Err(e);
+                    if deaths.len() > MAX_RESTARTS {
+                        return Err(give_up(&mut session, &mountpoint, &deaths, &e.to_string()));
                     }
-                    tracing::warn!("{e}; trying again");
+                    tracing::warn!("{e}; trying again in a second");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         };
+        drop(fence);
     }
+}
+
+/// Detaches the mount after too many deaths; the error says so.
+fn give_up(
+    session: &mut Session<Handshake>,
+    mountpoint: &Path,
+    deaths: &[Instant],
+    last: &str,
+) -> MountError {
+    let _ = session::detach(Some(&mut session.unmount_callable()), mountpoint);
+    MountError::Daemon(format!(
+        "the daemon serving {} died {} times within {} s (last: {last}); the mount is \
+         detached: see the log",
+        mountpoint.display(),
+        deaths.len(),
+        RESTART_WINDOW.as_secs()
+    ))
 }
 
 /// Makes the mount: the mount point checked, the store opened, the kernel's `INIT` answered.
 async fn mount(config: MountConfig) -> Result<(Session<Handshake>, Supervisor), MountError> {
     let mountpoint = session::check_mountpoint(&config.mountpoint)?;
     // Refused here, before mounting, rather than by the daemon after.
-    Store::open_existing(&config.store)?;
+    let store = Store::open_existing(&config.store)?;
     let serve_err = |source| MountError::Serve {
         mountpoint: mountpoint.clone(),
         source,
@@ -358,31 +424,79 @@ async fn mount(config: MountConfig) -> Result<(Session<Handshake>, Supervisor), 
     let device = session.as_fd().as_raw_fd();
     let supervisor = Supervisor {
         mountpoint,
+        store,
+        remote: config.remote.is_some(),
         daemon,
         device,
         journal,
         offer,
         generation: 0,
+        restarts: 0,
     };
     Ok((session, supervisor))
 }
 
 impl Supervisor {
-    /// Starts the next daemon and waits until it serves.
+    /// Whether the mount's FUSE connection is alive: it outlives a lazy unmount while files
+    /// are open, and once it ends the kernel says so on the device (`POLLERR`; fs/fuse/dev.c
+    /// `fuse_dev_poll`).
+    fn connected(&self) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.device,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll reads and writes the one pollfd it is given, and does not wait.
+        let n = unsafe { libc::poll(&mut poll, 1, 0) };
+        n >= 0 && poll.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) == 0
+    }
+
+    /// The store's fence taken shared, so no collection runs (see [`Supervisor::store`]);
+    /// `None` for a mount of an endpoint's models, or when it cannot be taken (logged).
+    fn fence(&self) -> Option<crate::store::Lock> {
+        if self.remote {
+            return None;
+        }
+        self.store
+            .fence()
+            .map_err(|e| tracing::warn!("collections are not fenced off during the restart: {e}"))
+            .ok()
+    }
+
+    /// Starts the next daemon and waits until it serves: from the configured binary, and,
+    /// should that fail (an upgrade that does not start), from the one this process runs.
     async fn start(&mut self) -> Result<Daemon, MountError> {
+        let program = self.daemon.program.clone();
+        let daemon = match self.start_from(&program).await {
+            Err(e) if program != Path::new(SELF) => {
+                tracing::error!(
+                    "{e}; starting the daemon from the binary this supervisor runs instead"
+                );
+                self.start_from(Path::new(SELF)).await?
+            }
+            started => started?,
+        };
+        if daemon.generation > 1 {
+            self.restarts += 1;
+        }
+        Ok(daemon)
+    }
+
+    async fn start_from(&mut self, program: &Path) -> Result<Daemon, MountError> {
         self.generation += 1;
-        let daemon_err = |why: String| MountError::Daemon(why);
-        let (reader, writer) = io::pipe().map_err(|e| daemon_err(format!("a pipe: {e}")))?;
+        let (reader, writer) =
+            io::pipe().map_err(|e| MountError::Daemon(format!("a pipe: {e}")))?;
         let handoff = Handoff {
             device: self.device,
             journal: self.journal.file().as_raw_fd(),
             ready: writer.as_raw_fd(),
             generation: self.generation,
+            restarts: self.restarts + u64::from(self.generation > 1),
             offer: self.offer,
             supervisor: std::process::id(),
             mountpoint: self.mountpoint.clone(),
         };
-        let mut command = tokio::process::Command::new(&self.daemon.program);
+        let mut command = tokio::process::Command::new(program);
         command
             .args(&self.daemon.args)
             .env(HANDOFF_ENV, handoff.to_env())
@@ -402,14 +516,15 @@ impl Supervisor {
                     }
                 }
                 // The daemon unmounts and ends when the supervisor dies.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                libc::prctl(libc::PR_SET_PDEATHSIG, SUPERVISOR_DIED);
                 Ok(())
             });
         }
+        let generation = self.generation;
         let child = command.spawn().map_err(|e| {
-            daemon_err(format!(
-                "cannot start {}: {e}",
-                self.daemon.program.display()
+            MountError::Daemon(format!(
+                "daemon {generation}: cannot start {}: {e}",
+                program.display()
             ))
         })?;
         drop(writer);
@@ -418,10 +533,8 @@ impl Supervisor {
             let _ = BufReader::new(reader).read_line(&mut line);
             line
         });
-        let mut daemon = Daemon {
-            child,
-            generation: self.generation,
-        };
+        let mut daemon = Daemon { child, generation };
+        let pid = daemon.child.id().unwrap_or(0);
         let line = match tokio::time::timeout(READY_WAIT, line).await {
             Ok(Ok(line)) => line,
             _ => {
@@ -442,14 +555,26 @@ impl Supervisor {
             .await
             .map(|s| s.to_string())
             .unwrap_or_default();
-        Err(daemon_err(match line.trim_end().strip_prefix("error: ") {
-            Some(why) => why.to_owned(),
-            None => format!("it exited ({status}) before serving; see its log"),
-        }))
+        Err(MountError::Daemon(
+            match line.trim_end().strip_prefix("error: ") {
+                Some(why) => format!(
+                    "daemon {generation} (pid {pid}, {}): {why}",
+                    program.display()
+                ),
+                None => format!(
+                    "daemon {generation} (pid {pid}, {}) exited ({status}) before serving",
+                    program.display()
+                ),
+            },
+        ))
     }
 }
 
-/// Stops on `signal`: the daemon is told (SIGTERM) and unmounts; a second signal returns at
+/// The binary this process runs, even once the file it was started from is replaced.
+const SELF: &str = "/proc/self/exe";
+
+/// Stops on `signal`: unmounts (lazily when files are open, which the daemon serves until
+/// they close) and waits for the daemon to end with the mount; a second signal returns at
 /// once.
 async fn stop(
     session: &mut Session<Handshake>,
@@ -461,19 +586,12 @@ async fn stop(
 ) -> Result<(), MountError> {
     tracing::info!("{signal}: unmounting {}", mountpoint.display());
     session::notify_systemd("STOPPING=1\n");
-    if let Some(pid) = daemon.child.id() {
-        // SAFETY: kill sends a signal to our own child, which has not been reaped.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-    }
+    session::detach(Some(&mut session.unmount_callable()), mountpoint)?;
     tokio::select! {
-        _ = daemon.child.wait() => {}
-        _ = term.recv() => return Ok(()),
-        _ = int.recv() => return Ok(()),
+        _ = daemon.child.wait() => Ok(()),
+        _ = term.recv() => Ok(()),
+        _ = int.recv() => Ok(()),
     }
-    if session::is_mounted(mountpoint) {
-        session::detach(Some(&mut session.unmount_callable()), mountpoint)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -487,6 +605,7 @@ mod tests {
             journal: 6,
             ready: 9,
             generation: 3,
+            restarts: 1,
             offer: Offer {
                 major: 7,
                 minor: 45,

@@ -135,8 +135,8 @@ pub fn close_backing(device: RawFd, id: u32) -> io::Result<()> {
 enum Record<'a> {
     /// An inode given to the kernel.
     Inode(&'a Inode),
-    /// A handle opened while passthrough is on: its inode, and its backing file's id when
-    /// the kernel reads the file through it.
+    /// A file handle opened: its inode, and its backing file's id when the kernel reads the
+    /// file through it (passthrough).
     Open {
         fh: u64,
         ino: u64,
@@ -174,7 +174,7 @@ pub struct OpenHandle {
 pub struct Replay {
     /// The inodes given out, in order.
     pub inodes: Vec<Inode>,
-    /// The handles open with passthrough on, by number.
+    /// The file handles open, by number.
     pub open: BTreeMap<u64, OpenHandle>,
 }
 
@@ -199,8 +199,8 @@ struct State {
 }
 
 /// The journal of what the kernel was told that a daemon taking over must know: every inode
-/// given out (written before the reply that gives it), and, while passthrough is on, every
-/// handle opened and released. Records follow an 8-byte header (the live records' offset),
+/// given out and every file handle opened (each written before the reply that gives it, a
+/// handle with its passthrough backing file's id), and every handle released. Records follow an 8-byte header (the live records' offset),
 /// each a length (u32, little-endian) and a CBOR [`Record`]; a record cut short by a crash
 /// ends the journal. Replaying a record twice is harmless, so the handles still open are
 /// written again at the end and the space before them punched out (`FALLOC_FL_PUNCH_HOLE`),
@@ -400,9 +400,16 @@ fn next_record(bytes: &[u8], at: &mut usize) -> Option<ReadRecord> {
     Some(record)
 }
 
-/// Handles a daemon of generation `g` gives out start at `(g - 1) << HANDLE_BITS`, above
-/// every handle of the daemons before it.
-pub const HANDLE_BITS: u32 = 48;
+/// Handles a daemon of generation `g` gives out start at [`first_handle`]`(g)`, above every
+/// handle of the daemons before it: each may give out 2^40.
+const HANDLE_BITS: u32 = 40;
+
+/// The first handle daemon `generation` (from 1) of a mount gives out: `(generation - 1) <<
+/// 40`, the generation taken modulo 2^24 so the number never overflows (a mount restarted
+/// 16 million times starts again from the bottom, which only costs adopting old handles).
+pub fn first_handle(generation: u64) -> u64 {
+    (generation.saturating_sub(1) % (1 << (64 - HANDLE_BITS))) << HANDLE_BITS
+}
 
 #[cfg(test)]
 mod tests {

@@ -30,10 +30,19 @@ pub fn run(store: &Path, args: &[&str]) -> Output {
 
 /// Runs and asserts success, returning stdout.
 pub fn ok(store: &Path, args: &[&str]) -> String {
-    let out = run(store, args);
+    succeeds(run(store, args), &format!("tensorfs {args:?}"))
+}
+
+/// Runs `command` and asserts success, returning stdout.
+pub fn ok_command(command: &mut Command) -> String {
+    let what = format!("{command:?}");
+    succeeds(command.output().expect("the command runs"), &what)
+}
+
+fn succeeds(out: Output, what: &str) -> String {
     assert!(
         out.status.success(),
-        "tensorfs {args:?} failed:\n{}",
+        "{what} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).expect("utf-8 output")
