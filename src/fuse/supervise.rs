@@ -310,9 +310,6 @@ pub async fn supervise(config: MountConfig) -> Result<(), MountError> {
         let (why, fence) = tokio::select! {
             status = daemon.child.wait() => {
                 let status = status.map_err(serve_err)?;
-                // What its open files need is not held now: no collection until the next
-                // daemon holds it again.
-                let fence = supervisor.fence();
                 if status.success() {
                     // It served until the mount was unmounted.
                     return Ok(());
@@ -330,6 +327,9 @@ pub async fn supervise(config: MountConfig) -> Result<(), MountError> {
                 if deaths.len() > MAX_RESTARTS {
                     return Err(give_up(&mut session, &mountpoint, &deaths, &status.to_string()));
                 }
+                // What its open files need is not held now: no collection until the next
+                // daemon holds it again.
+                let fence = supervisor.fence();
                 let why = match status.code() {
                     Some(REPLACE_ME) => format!("daemon {} ended on a signal sent to it", daemon.generation),
                     _ => format!("daemon {} died ({status})", daemon.generation),
@@ -451,16 +451,25 @@ impl Supervisor {
         n >= 0 && poll.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) == 0
     }
 
-    /// The store's fence taken shared, so no collection runs (see [`Supervisor::store`]);
-    /// `None` for a mount of an endpoint's models, or when it cannot be taken (logged).
+    /// The store's fence taken shared, so no collection starts (see [`Supervisor::store`]);
+    /// `None` for a mount of an endpoint's models, or when it cannot be taken (logged). A
+    /// collection running now is not waited for: it began while the dead daemon's holds were
+    /// there, or too late for any fence to help, and waiting would only hold the mount up.
     fn fence(&self) -> Option<crate::store::Lock> {
         if self.remote {
             return None;
         }
-        self.store
-            .fence()
-            .map_err(|e| tracing::warn!("collections are not fenced off during the restart: {e}"))
-            .ok()
+        match self.store.try_fence() {
+            Ok(Some(fence)) => Some(fence),
+            Ok(None) => {
+                tracing::warn!("a collection is running while the daemon restarts");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("collections are not fenced off during the restart: {e}");
+                None
+            }
+        }
     }
 
     /// Starts the next daemon and waits until it serves: from the configured binary, and,

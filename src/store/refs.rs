@@ -70,6 +70,19 @@ impl Store {
         Ok(Lock(file))
     }
 
+    /// [`Store::fence`] without waiting: `None` while a collection holds the fence.
+    ///
+    /// # Errors
+    /// The lock file cannot be opened or locked.
+    pub fn try_fence(&self) -> StoreResult<Option<Lock>> {
+        let (path, file) = self.fence_file()?;
+        match file.try_lock_shared() {
+            Ok(()) => Ok(Some(Lock(file))),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(io_err("lock", &path)(e)),
+        }
+    }
+
     /// `holds/gc.lock`, opened (created empty when absent, never truncated), unlocked.
     ///
     /// # Errors
