@@ -423,7 +423,7 @@ fn status_names_a_hung_daemon_and_killing_it_replaces_it() {
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
     let _cleanup = Cleanup(mnt.clone());
     let server = pid(&status(&store, &mnt)["server_pid"]);
-    let found = tensorfs::fuse::supervise::daemons_of(&mnt.canonicalize().unwrap());
+    let found = tensorfs::fuse::takeover::daemons_of(&mnt.canonicalize().unwrap());
     let pids: Vec<u32> = found.iter().map(|(pid, _)| *pid).collect();
     assert_eq!(pids, [server as u32]);
     kill(server, libc::SIGSTOP);

@@ -132,7 +132,7 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if args.allow_other {
         session::check_allow_other()?;
     }
-    let mountpoint = match crate::fuse::supervise::Handoff::from_env()? {
+    let mountpoint = match crate::fuse::takeover::Handoff::from_env()? {
         // The daemon of a supervisor's mount: the mount point is already mounted, and asking
         // it anything would wait for this process.
         Some(handoff) => handoff.mountpoint,
@@ -172,11 +172,6 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             foreground: true,
             ready_fd: session::ready_fd_from_env(),
             remote,
-            // This command line again serves the mount, so a daemon that dies is replaced.
-            daemon: Some(
-                crate::fuse::supervise::DaemonCommand::this_process()
-                    .context("finding this program")?,
-            ),
             ..MountConfig::new(&store, &mountpoint)
         };
         if let Some(threads) = args.threads {
@@ -186,7 +181,10 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         if let Some(dir) = view_dir {
             config.fs.views = Some(ViewConfig::new(dir, view_cache));
         }
-        session::mount(config)?;
+        // This command line again serves the mount, so a daemon that dies is replaced.
+        let daemon = crate::fuse::supervise::DaemonCommand::this_process()
+            .context("finding this program")?;
+        crate::fuse::supervise::mount(config, daemon)?;
         return Ok(ExitCode::SUCCESS);
     }
     let log = match &args.log_file {
@@ -264,7 +262,7 @@ pub fn unmount(args: &UnmountArgs) -> anyhow::Result<ExitCode> {
     let resolved = session::resolve_mountpoint(&args.mountpoint);
     let daemon = match args.lazy {
         true => None,
-        false => match crate::fuse::supervise::daemons_of(&resolved).first() {
+        false => match crate::fuse::takeover::daemons_of(&resolved).first() {
             Some((_, handoff)) => Some(handoff.supervisor),
             None => super::status::daemon_pid(&resolved),
         },

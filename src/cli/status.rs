@@ -96,7 +96,7 @@ pub(super) fn query(mountpoint: &Path) -> Value {
         ),
         Ok(Err(e)) => problem(format!("reading its status: {e}"), "see the daemon's log"),
         Err(_) => {
-            let fix = match crate::fuse::supervise::daemons_of(mountpoint).as_slice() {
+            let fix = match crate::fuse::takeover::daemons_of(mountpoint).as_slice() {
                 [(pid, _)] => format!(
                     "see the daemon's log; `kill -9 {pid}` replaces the daemon and keeps the \
                      mount (its supervisor starts another), or `tensorfs unmount --lazy`"

@@ -30,6 +30,7 @@ use fuser::{MountOption, Session, SessionACL, SessionUnmounter};
 
 use super::mountinfo::set_read_ahead;
 pub use super::mountinfo::{is_mounted, mounts};
+use super::takeover::Handoff;
 use super::FuseAdapter;
 use crate::fs::{FsConfig, TensorFs};
 use crate::lazy::{LazyConfig, LazyError, LazyMount};
@@ -77,10 +78,6 @@ pub struct MountConfig {
     /// A descriptor to write [`READY_LINE`] (or `error: …`) to once mounted, then close; the
     /// background mode passes 1 (stdout, a pipe to the parent). See [`ready_fd_from_env`].
     pub ready_fd: Option<RawFd>,
-    /// How to start a daemon that serves the mount for [`mount`], which then supervises it
-    /// and starts it again should it die ([`super::supervise`]); `None` serves in this
-    /// process. The CLI's foreground mount gives its own command line.
-    pub daemon: Option<super::supervise::DaemonCommand>,
 }
 
 impl MountConfig {
@@ -99,7 +96,6 @@ impl MountConfig {
             fs: FsConfig::default(),
             remote: None,
             ready_fd: None,
-            daemon: None,
         }
     }
 
@@ -358,10 +354,7 @@ pub(super) fn log_mounted(config: &MountConfig, mountpoint: &Path) {
 /// is built, the journal read back, the session started on the supervisor's `/dev/fuse`
 /// descriptor without a handshake (the kernel sent its only `INIT` to the supervisor), and
 /// after a takeover the kernel asked to send again what the dead daemon left unanswered.
-fn take_over(
-    config: &MountConfig,
-    handoff: &super::supervise::Handoff,
-) -> Result<Mounted, MountError> {
+fn take_over(config: &MountConfig, handoff: &Handoff) -> Result<Mounted, MountError> {
     let mountpoint = handoff.mountpoint.clone();
     let serve_err = |source| MountError::Serve {
         mountpoint: mountpoint.clone(),
@@ -386,7 +379,7 @@ fn take_over(
     // read from a clone when its last descriptor closes: a crash would fail them.
     fuser_config.clone_fd = false;
     let session =
-        super::supervise::session_on(adapter.clone(), handoff, fuser_config).map_err(serve_err)?;
+        super::takeover::session_on(adapter.clone(), handoff, fuser_config).map_err(serve_err)?;
     let device = session.as_fd().as_raw_fd();
     adapter.serve_on(device);
     if handoff.generation > 1 {
@@ -421,7 +414,7 @@ fn status_extra(
     mountpoint: &Path,
     daemon: bool,
     fetcher: Fetching,
-    supervised: Option<&super::supervise::Handoff>,
+    supervised: Option<&Handoff>,
     adapter: &FuseAdapter,
 ) -> crate::fs::status::StatusExtra {
     let (resent, offer) = (adapter.resent(), adapter.offer.clone());
@@ -458,45 +451,50 @@ fn status_extra(
     })
 }
 
-/// Mounts and serves until the mount is unmounted from outside or SIGINT/SIGTERM arrives;
-/// then unmounts (lazily when busy) and returns. A second signal returns at once, leaving a
-/// busy mount detached to die with the process.
-///
-/// With [`MountConfig::daemon`], this process is a supervisor ([`super::supervise`]): it makes
-/// the mount and serves it through a daemon it starts, and starts again should it die, so
-/// readers see a pause, not an error. Started by a supervisor (its
-/// [`super::supervise::HANDOFF_ENV`] set), this process is that daemon.
+/// Mounts and serves in this process until the mount is unmounted from outside or
+/// SIGINT/SIGTERM arrives; then unmounts (lazily when busy) and returns. A second signal
+/// returns at once, leaving a busy mount detached to die with the process. (The CLI's mounts
+/// are supervised instead: [`super::supervise::mount`].)
 ///
 /// # Errors
 /// The mount point is stale, already mounted or unusable, the store cannot be opened, the
 /// kernel refuses the mount, or serving fails.
 pub fn mount(config: MountConfig) -> Result<(), MountError> {
-    let handoff = super::supervise::Handoff::from_env().map_err(|source| MountError::Serve {
-        mountpoint: config.mountpoint.clone(),
-        source,
-    })?;
+    let mountpoint = config.mountpoint.clone();
+    block_on(&mountpoint, serve(config, None))
+}
+
+/// Serves the mount a supervisor made, as the daemon `handoff` describes, until the mount
+/// ends, SIGTERM/SIGINT arrive (this daemon ends, for the supervisor to replace), or the
+/// supervisor dies (it unmounts).
+///
+/// # Errors
+/// The store cannot be opened, the journal is damaged, or serving fails.
+pub fn serve_handed_off(config: MountConfig, handoff: Handoff) -> Result<(), MountError> {
+    let mountpoint = handoff.mountpoint.clone();
+    block_on(&mountpoint, serve(config, Some(handoff)))
+}
+
+/// Runs `serving` on a runtime of this thread.
+pub(super) fn block_on(
+    mountpoint: &Path,
+    serving: impl std::future::Future<Output = Result<(), MountError>>,
+) -> Result<(), MountError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|source| MountError::Serve {
-            mountpoint: config.mountpoint.clone(),
+            mountpoint: mountpoint.to_path_buf(),
             source,
         })?;
-    let result = match (handoff, &config.daemon) {
-        (Some(handoff), _) => runtime.block_on(serve(config, Some(handoff))),
-        (None, Some(_)) => runtime.block_on(super::supervise::supervise(config)),
-        (None, None) => runtime.block_on(serve(config, None)),
-    };
+    let result = runtime.block_on(serving);
     // A session still running after a second signal must not hold the process.
     runtime.shutdown_background();
     result
 }
 
 /// Serves, as [`mount`] says: a mount of its own, or (with `handoff`) the supervisor's.
-async fn serve(
-    config: MountConfig,
-    handoff: Option<super::supervise::Handoff>,
-) -> Result<(), MountError> {
+async fn serve(config: MountConfig, handoff: Option<Handoff>) -> Result<(), MountError> {
     use tokio::signal::unix::{signal, SignalKind};
     let serve_err = |source| MountError::Serve {
         mountpoint: config.mountpoint.clone(),
@@ -525,7 +523,7 @@ async fn serve(
     }
     let mut run = tokio::task::spawn_blocking(move || ended(session.run()));
     let mut orphaned =
-        signal(SignalKind::from_raw(super::supervise::SUPERVISOR_DIED)).map_err(serve_err)?;
+        signal(SignalKind::from_raw(super::takeover::SUPERVISOR_DIED)).map_err(serve_err)?;
     let signal = tokio::select! {
         ended = &mut run => return ended_session(&mountpoint, ended),
         _ = term.recv() => "SIGTERM",
@@ -540,7 +538,7 @@ async fn serve(
             handoff.generation,
             handoff.supervisor
         );
-        std::process::exit(super::supervise::REPLACE_ME);
+        std::process::exit(super::takeover::REPLACE_ME);
     }
     tracing::info!("{signal}: unmounting {}", mountpoint.display());
     if handoff.is_none() {

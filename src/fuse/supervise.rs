@@ -15,9 +15,8 @@
 //! detached and the supervisor fails.
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -26,14 +25,10 @@ use std::time::{Duration, Instant};
 use fuser::Session;
 
 use super::session::{self, MountConfig, MountError};
-use super::takeover::{Journal, Offer};
-use super::{FuseAdapter, Handshake};
+use super::takeover::{Handoff, Journal, Offer, HANDOFF_ENV, REPLACE_ME, SUPERVISOR_DIED};
+use super::Handshake;
 use crate::store::Store;
 use crate::sync::lock;
-
-/// The environment variable that makes `tensorfs mount --foreground` the daemon of a
-/// supervisor's mount: [`Handoff::to_env`]'s value.
-pub const HANDOFF_ENV: &str = "TENSORFS_HANDOFF";
 
 /// How many times a daemon may die within [`RESTART_WINDOW`] before the supervisor gives up.
 pub const MAX_RESTARTS: usize = 5;
@@ -67,176 +62,6 @@ impl DaemonCommand {
     }
 }
 
-/// What a supervisor hands the daemon it starts: descriptors (inherited, by number), which
-/// daemon of the mount it is, the kernel's offer, and the supervisor's pid.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Handoff {
-    /// The mount's `/dev/fuse` descriptor.
-    pub device: RawFd,
-    /// The journal's memory file.
-    pub journal: RawFd,
-    /// Where the daemon writes its readiness line ([`session::READY_LINE`] or `error: …`).
-    pub ready: RawFd,
-    /// Which daemon of the mount this is, from 1 (each start counts, failed ones too).
-    pub generation: u64,
-    /// How many daemons took over the mount before this one's start, this one included
-    /// (0 for the first).
-    pub restarts: u64,
-    /// The kernel's `INIT` offer.
-    pub offer: Offer,
-    /// The supervisor's pid.
-    pub supervisor: u32,
-    /// The mount point, canonical: the daemon must not look at it (it would ask itself).
-    pub mountpoint: PathBuf,
-}
-
-impl Handoff {
-    /// The value of [`HANDOFF_ENV`]: `device=N journal=N ready=N generation=N restarts=N
-    /// supervisor=PID offer=OFFER mountpoint=HEX` (the path's bytes in hex).
-    pub fn to_env(&self) -> String {
-        use std::fmt::Write;
-        let mut hex = String::new();
-        for b in self.mountpoint.as_os_str().as_encoded_bytes() {
-            let _ = write!(hex, "{b:02x}");
-        }
-        format!(
-            "device={} journal={} ready={} generation={} restarts={} supervisor={} offer={} \
-             mountpoint={hex}",
-            self.device,
-            self.journal,
-            self.ready,
-            self.generation,
-            self.restarts,
-            self.supervisor,
-            self.offer.to_env()
-        )
-    }
-
-    /// Parses [`Handoff::to_env`]'s form.
-    pub fn parse(value: &str) -> Option<Handoff> {
-        let mut fields = std::collections::HashMap::new();
-        for field in value.split_whitespace() {
-            let (key, value) = field.split_once('=')?;
-            if fields.insert(key, value).is_some() {
-                return None;
-            }
-        }
-        let handoff = Handoff {
-            device: fields.remove("device")?.parse().ok()?,
-            journal: fields.remove("journal")?.parse().ok()?,
-            ready: fields.remove("ready")?.parse().ok()?,
-            generation: fields.remove("generation")?.parse().ok()?,
-            restarts: fields.remove("restarts")?.parse().ok()?,
-            supervisor: fields.remove("supervisor")?.parse().ok()?,
-            offer: Offer::from_env(fields.remove("offer")?)?,
-            mountpoint: unhex(fields.remove("mountpoint")?)?,
-        };
-        (fields.is_empty() && handoff.generation >= 1).then_some(handoff)
-    }
-
-    /// The handoff this process was started with, if any.
-    ///
-    /// # Errors
-    /// [`HANDOFF_ENV`] is set but malformed.
-    pub fn from_env() -> io::Result<Option<Handoff>> {
-        let Some(value) = std::env::var_os(HANDOFF_ENV) else {
-            return Ok(None);
-        };
-        let value = value.to_string_lossy();
-        match Handoff::parse(&value) {
-            Some(handoff) => Ok(Some(handoff)),
-            None => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{HANDOFF_ENV}={value:?} is not a supervisor's handoff"),
-            )),
-        }
-    }
-}
-
-/// The path whose bytes `hex` spells.
-fn unhex(hex: &str) -> Option<PathBuf> {
-    use std::os::unix::ffi::OsStringExt;
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
-    (!bytes.is_empty()).then(|| PathBuf::from(OsString::from_vec(bytes)))
-}
-
-/// The daemons serving the mount at `mountpoint` (canonical) for a supervisor, each with the
-/// handoff it was started with (which names the supervisor): the processes this user may read
-/// the environment of whose [`HANDOFF_ENV`] names the mount. Found without asking the mount,
-/// which a hung daemon would not answer.
-pub fn daemons_of(mountpoint: &Path) -> Vec<(u32, Handoff)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let key = format!("{HANDOFF_ENV}=");
-    let mut found: Vec<(u32, Handoff)> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter_map(|pid: u32| {
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-            let handoff = environ
-                .split(|&b| b == 0)
-                .filter_map(|var| var.strip_prefix(key.as_bytes()))
-                .find_map(|value| Handoff::parse(std::str::from_utf8(value).ok()?))?;
-            (handoff.mountpoint == mountpoint).then_some((pid, handoff))
-        })
-        .collect();
-    found.sort_unstable_by_key(|(pid, _)| *pid);
-    found
-}
-
-/// A session on the supervisor's `/dev/fuse` descriptor that starts handshaken: `fuser`
-/// always reads an `INIT` first, and the kernel sent its only one to the supervisor, so the
-/// session reads one made of the handoff's offer from a socket, and the descriptor then
-/// takes the socket's number (`dup3`), so every read after is the kernel's.
-///
-/// # Errors
-/// The socket cannot be made, or the handshake fails.
-pub fn session_on(
-    adapter: FuseAdapter,
-    handoff: &Handoff,
-    config: fuser::Config,
-) -> io::Result<Session<FuseAdapter>> {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair writes two descriptors into `fds`.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just made and are owned by nothing else.
-    let (ours, kernels) = unsafe { (OwnedFd::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
-    let request = handoff.offer.init_request();
-    // SAFETY: `request` is readable for its length.
-    let sent = unsafe { libc::write(kernels.as_raw_fd(), request.as_ptr().cast(), request.len()) };
-    if sent != request.len() as isize {
-        return Err(io::Error::last_os_error());
-    }
-    let acl = config.acl;
-    let session = Session::from_fd(adapter, ours, acl, config)?;
-    // The reply to the made INIT lies unread in `kernels`, which closes here.
-    drop(kernels);
-    let fd = session.as_fd().as_raw_fd();
-    // SAFETY: both descriptors are open; dup3 atomically makes `fd` the device.
-    if unsafe { libc::dup3(handoff.device, fd, libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the handoff's descriptor is ours, and `fd` refers to the device now.
-    unsafe { libc::close(handoff.device) };
-    Ok(session)
-}
-
 /// A daemon the supervisor started.
 struct Daemon {
     child: tokio::process::Child,
@@ -262,18 +87,30 @@ struct Supervisor {
     restarts: u64,
 }
 
-/// The signal a daemon gets when its supervisor dies (`PR_SET_PDEATHSIG`): it unmounts.
-pub const SUPERVISOR_DIED: libc::c_int = libc::SIGUSR1;
-
-/// The exit status of a daemon that ends to be replaced (SIGTERM or SIGINT to it).
-pub const REPLACE_ME: i32 = 75;
-
-/// Makes the mount and serves it through daemons started from this binary, as the module
-/// says, until it is unmounted or SIGTERM/SIGINT arrives.
+/// Mounts as the module says: this process is the supervisor, and `daemon` starts the
+/// daemons, until the mount is unmounted or SIGTERM/SIGINT arrives. A process started by a
+/// supervisor (its [`HANDOFF_ENV`] set) is that daemon instead, and serves
+/// ([`session::serve_handed_off`]).
 ///
 /// # Errors
-/// As [`session::mount`]; also a daemon that fails before serving, or dies too often.
-pub async fn supervise(config: MountConfig) -> Result<(), MountError> {
+/// As [`session::mount`]; also a daemon that fails before serving, or dies too often, and a
+/// malformed handoff.
+pub fn mount(config: MountConfig, daemon: DaemonCommand) -> Result<(), MountError> {
+    let handoff = Handoff::from_env().map_err(|source| MountError::Serve {
+        mountpoint: config.mountpoint.clone(),
+        source,
+    })?;
+    match handoff {
+        Some(handoff) => session::serve_handed_off(config, handoff),
+        None => {
+            let mountpoint = config.mountpoint.clone();
+            session::block_on(&mountpoint, supervise(config, daemon))
+        }
+    }
+}
+
+/// The supervisor's part of [`mount`].
+async fn supervise(config: MountConfig, daemon: DaemonCommand) -> Result<(), MountError> {
     use tokio::signal::unix::{signal, SignalKind};
     let given = config.mountpoint.clone();
     let serve_err = |source| MountError::Serve {
@@ -284,7 +121,7 @@ pub async fn supervise(config: MountConfig) -> Result<(), MountError> {
     let mut int = signal(SignalKind::interrupt()).map_err(serve_err)?;
     let mut hup = signal(SignalKind::hangup()).map_err(serve_err)?;
     let ready_fd = config.ready_fd;
-    let (mut session, mut supervisor) = match mount(config).await {
+    let (mut session, mut supervisor) = match make(config, daemon).await {
         Ok(mounted) => mounted,
         Err(e) => {
             session::notify_ready(ready_fd, Err(&e));
@@ -389,7 +226,10 @@ fn give_up(
 }
 
 /// Makes the mount: the mount point checked, the store opened, the kernel's `INIT` answered.
-async fn mount(config: MountConfig) -> Result<(Session<Handshake>, Supervisor), MountError> {
+async fn make(
+    config: MountConfig,
+    daemon: DaemonCommand,
+) -> Result<(Session<Handshake>, Supervisor), MountError> {
     let mountpoint = session::check_mountpoint(&config.mountpoint)?;
     // Refused here, before mounting, rather than by the daemon after.
     let store = Store::open_existing(&config.store)?;
@@ -397,10 +237,6 @@ async fn mount(config: MountConfig) -> Result<(Session<Handshake>, Supervisor), 
         mountpoint: mountpoint.clone(),
         source,
     };
-    let daemon = config
-        .daemon
-        .clone()
-        .ok_or_else(|| serve_err(io::Error::other("no daemon command to supervise")))?;
     let offer = Arc::new(Mutex::new(None));
     let handshake = Handshake {
         passthrough: config.fs.views.is_some(),
@@ -600,42 +436,5 @@ async fn stop(
         _ = daemon.child.wait() => Ok(()),
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_handoff_survives_its_environment_form() {
-        let handoff = Handoff {
-            device: 5,
-            journal: 6,
-            ready: 9,
-            generation: 3,
-            restarts: 1,
-            offer: Offer {
-                major: 7,
-                minor: 45,
-                flags: 0x20_0004_0000,
-                max_readahead: 1 << 20,
-            },
-            supervisor: 4242,
-            mountpoint: PathBuf::from("/home/a b/models"),
-        };
-        assert_eq!(Handoff::parse(&handoff.to_env()), Some(handoff.clone()));
-        let env = handoff.to_env();
-        for bad in [
-            String::new(),
-            env.replace("generation=3", "generation=0"),
-            env.replace("device=5", "device=x"),
-            format!("{env} extra=1"),
-            format!("{env} device=5"),
-            env.replace(" ready=9", ""),
-            env.replace("mountpoint=2f", "mountpoint=2"),
-        ] {
-            assert_eq!(Handoff::parse(&bad), None, "{bad:?}");
-        }
     }
 }

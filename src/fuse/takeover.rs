@@ -3,7 +3,8 @@
 //! will never send again; the resend notification ([`resend`]), so requests the dead daemon
 //! had read but not answered are answered; and the [`Journal`] of what the kernel was told
 //! (inode numbers, and with passthrough the handles and their backing files), kept in a
-//! memory file the supervisor holds across daemons.
+//! memory file the supervisor holds across daemons; and what a supervisor hands the daemon it
+//! starts ([`Handoff`]), which a daemon's session starts from ([`session_on`]).
 //!
 //! The kernel keeps a connection, and every request on it, while any descriptor of its
 //! `/dev/fuse` file is open (fs/fuse/dev.c: `fuse_dev_release` ends a device's requests with
@@ -11,11 +12,17 @@
 //! reads only from the descriptor the supervisor holds too, never from clones of its own.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use fuser::Session;
+
+use super::FuseAdapter;
 
 use crate::fs::inodes::Inode;
 use crate::fs::TensorFs;
@@ -411,6 +418,186 @@ pub fn first_handle(generation: u64) -> u64 {
     (generation.saturating_sub(1) % (1 << (64 - HANDLE_BITS))) << HANDLE_BITS
 }
 
+/// The environment variable that makes `tensorfs mount --foreground` the daemon of a
+/// supervisor's mount: [`Handoff::to_env`]'s value.
+pub const HANDOFF_ENV: &str = "TENSORFS_HANDOFF";
+
+/// The signal a daemon gets when its supervisor dies (`PR_SET_PDEATHSIG`): it unmounts.
+pub const SUPERVISOR_DIED: libc::c_int = libc::SIGUSR1;
+
+/// The exit status of a daemon that ends to be replaced (SIGTERM or SIGINT to it).
+pub const REPLACE_ME: i32 = 75;
+
+/// What a supervisor hands the daemon it starts: descriptors (inherited, by number), which
+/// daemon of the mount it is, the kernel's offer, and the supervisor's pid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    /// The mount's `/dev/fuse` descriptor.
+    pub device: RawFd,
+    /// The journal's memory file.
+    pub journal: RawFd,
+    /// Where the daemon writes its readiness line ([`session::READY_LINE`] or `error: …`).
+    pub ready: RawFd,
+    /// Which daemon of the mount this is, from 1 (each start counts, failed ones too).
+    pub generation: u64,
+    /// How many daemons took over the mount before this one's start, this one included
+    /// (0 for the first).
+    pub restarts: u64,
+    /// The kernel's `INIT` offer.
+    pub offer: Offer,
+    /// The supervisor's pid.
+    pub supervisor: u32,
+    /// The mount point, canonical: the daemon must not look at it (it would ask itself).
+    pub mountpoint: PathBuf,
+}
+
+impl Handoff {
+    /// The value of [`HANDOFF_ENV`]: `device=N journal=N ready=N generation=N restarts=N
+    /// supervisor=PID offer=OFFER mountpoint=HEX` (the path's bytes in hex).
+    pub fn to_env(&self) -> String {
+        use std::fmt::Write;
+        let mut hex = String::new();
+        for b in self.mountpoint.as_os_str().as_encoded_bytes() {
+            let _ = write!(hex, "{b:02x}");
+        }
+        format!(
+            "device={} journal={} ready={} generation={} restarts={} supervisor={} offer={} \
+             mountpoint={hex}",
+            self.device,
+            self.journal,
+            self.ready,
+            self.generation,
+            self.restarts,
+            self.supervisor,
+            self.offer.to_env()
+        )
+    }
+
+    /// Parses [`Handoff::to_env`]'s form.
+    pub fn parse(value: &str) -> Option<Handoff> {
+        let mut fields = std::collections::HashMap::new();
+        for field in value.split_whitespace() {
+            let (key, value) = field.split_once('=')?;
+            if fields.insert(key, value).is_some() {
+                return None;
+            }
+        }
+        let handoff = Handoff {
+            device: fields.remove("device")?.parse().ok()?,
+            journal: fields.remove("journal")?.parse().ok()?,
+            ready: fields.remove("ready")?.parse().ok()?,
+            generation: fields.remove("generation")?.parse().ok()?,
+            restarts: fields.remove("restarts")?.parse().ok()?,
+            supervisor: fields.remove("supervisor")?.parse().ok()?,
+            offer: Offer::from_env(fields.remove("offer")?)?,
+            mountpoint: unhex(fields.remove("mountpoint")?)?,
+        };
+        (fields.is_empty() && handoff.generation >= 1).then_some(handoff)
+    }
+
+    /// The handoff this process was started with, if any.
+    ///
+    /// # Errors
+    /// [`HANDOFF_ENV`] is set but malformed.
+    pub fn from_env() -> io::Result<Option<Handoff>> {
+        let Some(value) = std::env::var_os(HANDOFF_ENV) else {
+            return Ok(None);
+        };
+        let value = value.to_string_lossy();
+        match Handoff::parse(&value) {
+            Some(handoff) => Ok(Some(handoff)),
+            None => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{HANDOFF_ENV}={value:?} is not a supervisor's handoff"),
+            )),
+        }
+    }
+}
+
+/// The path whose bytes `hex` spells.
+fn unhex(hex: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    (!bytes.is_empty()).then(|| PathBuf::from(OsString::from_vec(bytes)))
+}
+
+/// The daemons serving the mount at `mountpoint` (canonical) for a supervisor, each with the
+/// handoff it was started with (which names the supervisor): the processes this user may read
+/// the environment of whose [`HANDOFF_ENV`] names the mount. Found without asking the mount,
+/// which a hung daemon would not answer.
+pub fn daemons_of(mountpoint: &Path) -> Vec<(u32, Handoff)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let key = format!("{HANDOFF_ENV}=");
+    let mut found: Vec<(u32, Handoff)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter_map(|pid: u32| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let handoff = environ
+                .split(|&b| b == 0)
+                .filter_map(|var| var.strip_prefix(key.as_bytes()))
+                .find_map(|value| Handoff::parse(std::str::from_utf8(value).ok()?))?;
+            (handoff.mountpoint == mountpoint).then_some((pid, handoff))
+        })
+        .collect();
+    found.sort_unstable_by_key(|(pid, _)| *pid);
+    found
+}
+
+/// A session on the supervisor's `/dev/fuse` descriptor that starts handshaken: `fuser`
+/// always reads an `INIT` first, and the kernel sent its only one to the supervisor, so the
+/// session reads one made of the handoff's offer from a socket, and the descriptor then
+/// takes the socket's number (`dup3`), so every read after is the kernel's.
+///
+/// # Errors
+/// The socket cannot be made, or the handshake fails.
+pub fn session_on(
+    adapter: FuseAdapter,
+    handoff: &Handoff,
+    config: fuser::Config,
+) -> io::Result<Session<FuseAdapter>> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just made and are owned by nothing else.
+    let (ours, kernels) = unsafe { (OwnedFd::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    let request = handoff.offer.init_request();
+    // SAFETY: `request` is readable for its length.
+    let sent = unsafe { libc::write(kernels.as_raw_fd(), request.as_ptr().cast(), request.len()) };
+    if sent != request.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    let acl = config.acl;
+    let session = Session::from_fd(adapter, ours, acl, config)?;
+    // The reply to the made INIT lies unread in `kernels`, which closes here.
+    drop(kernels);
+    let fd = session.as_fd().as_raw_fd();
+    // SAFETY: both descriptors are open; dup3 atomically makes `fd` the device.
+    if unsafe { libc::dup3(handoff.device, fd, libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the handoff's descriptor is ours, and `fd` refers to the device now.
+    unsafe { libc::close(handoff.device) };
+    Ok(session)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,5 +756,37 @@ mod tests {
             .unwrap();
         let err = Journal::resume(journal.file.try_clone().unwrap()).unwrap_err();
         assert!(err.to_string().contains("start at"), "{err}");
+    }
+
+    #[test]
+    fn a_handoff_survives_its_environment_form() {
+        let handoff = Handoff {
+            device: 5,
+            journal: 6,
+            ready: 9,
+            generation: 3,
+            restarts: 1,
+            offer: Offer {
+                major: 7,
+                minor: 45,
+                flags: 0x20_0004_0000,
+                max_readahead: 1 << 20,
+            },
+            supervisor: 4242,
+            mountpoint: PathBuf::from("/home/a b/models"),
+        };
+        assert_eq!(Handoff::parse(&handoff.to_env()), Some(handoff.clone()));
+        let env = handoff.to_env();
+        for bad in [
+            String::new(),
+            env.replace("generation=3", "generation=0"),
+            env.replace("device=5", "device=x"),
+            format!("{env} extra=1"),
+            format!("{env} device=5"),
+            env.replace(" ready=9", ""),
+            env.replace("mountpoint=2f", "mountpoint=2"),
+        ] {
+            assert_eq!(Handoff::parse(&bad), None, "{bad:?}");
+        }
     }
 }
