@@ -1455,12 +1455,10 @@ fn a_model_folder_exports_as_the_file_alone_it_was_made_from() {
             assert!(original.get(key) == Some(array), "{name}: {key}");
         }
     }
-    // The file alone is ComfyUI's VAE, its training's loss.logvar and all.
+    // The file alone is ComfyUI's VAE, its training's loss.logvar and all; the folders show
+    // their own weights files there, and nothing is left out.
     let listed = ok(&store, &["ls", "--comfyui"]);
-    assert!(
-        !listed.contains("vae-file/latest/f32/vae.safetensors\tno rule"),
-        "{listed}"
-    );
+    assert!(!listed.contains("left out"), "{listed}");
 }
 
 /// A VAE missing one tensor is not converted (Diffusers would make the tensor up, a random

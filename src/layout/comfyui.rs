@@ -146,12 +146,16 @@ pub struct LeftOut {
 
 /// The faces of a commit that the ComfyUI view shows: the lane, a single file's Diffusers
 /// folder (in `diffusers/`) beside the file itself (in `checkpoints/`), and a Diffusers
-/// pipeline's single file (in `checkpoints/`) beside the folder (in `diffusers/`).
+/// pipeline's single file (in `checkpoints/`) beside the folder (in `diffusers/`). A model
+/// alone shows one file, the lane's own (a model folder's weights, not its single-file face;
+/// a file alone, not its Diffusers face): ComfyUI loads either layout, and both would claim
+/// one name.
 pub fn faces(header: &crate::format::Header) -> &'static [super::Face] {
     use super::Face;
-    if LaneView::is_single_file(header) {
+    let pipeline = header.pipeline.is_some();
+    if LaneView::is_single_file(header) && pipeline {
         &[Face::AsImported, Face::Diffusers]
-    } else if LaneView::has_single_face(header) {
+    } else if pipeline && LaneView::has_single_face(header) {
         &[Face::AsImported, Face::Single]
     } else {
         &[Face::AsImported]
