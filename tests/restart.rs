@@ -461,3 +461,51 @@ fn unmount_does_not_wait_on_a_hung_daemon() {
         "the supervisor ends"
     );
 }
+
+/// SIGTERM while a new daemon is starting (a slow one here) unmounts at once, not once the
+/// start is done.
+#[test]
+fn a_stop_during_a_restart_is_not_kept_waiting_for_the_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store) = imported(dir.path());
+    let bin = dir.path().join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_tensorfs"), bin.join("tensorfs.real")).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_tensorfs"), bin.join("tensorfs")).unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let _cleanup = Cleanup(mnt.clone());
+    ok_command(
+        std::process::Command::new(bin.join("tensorfs"))
+            .arg("--store")
+            .arg(&store)
+            .args(["mount", mnt.to_str().unwrap(), "--view-cache", "0"])
+            .arg("--log-file")
+            .arg(dir.path().join("mount.log")),
+    );
+    // An upgrade whose daemon takes 20 s to start.
+    let slow = bin.join("tensorfs");
+    fs::remove_file(&slow).unwrap();
+    let script = format!(
+        "#!/bin/sh\nsleep 20\nexec {} \"$@\"\n",
+        bin.join("tensorfs.real").display()
+    );
+    fs::write(&slow, script).unwrap();
+    fs::set_permissions(&slow, fs::Permissions::from_mode(0o755)).unwrap();
+    let supervisor = pid(&status(&store, &mnt)["pid"]);
+    kill(supervisor, libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    let asked = std::time::Instant::now();
+    kill(supervisor, libc::SIGTERM);
+    assert!(
+        tensorfs::fuse::session::wait_for_exit(supervisor as u32, Duration::from_secs(10)),
+        "the supervisor ends"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(!tensorfs::fuse::session::is_mounted(&mnt));
+}

@@ -274,7 +274,8 @@ pub fn unmount(args: &UnmountArgs) -> anyhow::Result<ExitCode> {
     if let Some(pid) = daemon {
         if !session::wait_for_exit(pid, DAEMON_EXIT_WAIT) {
             eprintln!(
-                "tensorfs: the daemon (pid {pid}) is still ending {} s after the unmount; see                  its log",
+                "tensorfs: the daemon (pid {pid}) is still ending {} s after the unmount; see \
+                 its log",
                 DAEMON_EXIT_WAIT.as_secs()
             );
         }

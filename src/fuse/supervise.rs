@@ -191,7 +191,14 @@ async fn supervise(config: MountConfig, daemon: DaemonCommand) -> Result<(), Mou
         };
         tracing::warn!("{why}; a new daemon takes over {}", mountpoint.display());
         daemon = loop {
-            match supervisor.start().await {
+            // A stop asked for meanwhile is not kept waiting for the start (up to a minute):
+            // the mount goes now, and a daemon started anyway finds it gone and ends.
+            let started = tokio::select! {
+                started = supervisor.start() => started,
+                _ = term.recv() => return stop_starting(&mut session, &mountpoint, "SIGTERM"),
+                _ = int.recv() => return stop_starting(&mut session, &mountpoint, "SIGINT"),
+            };
+            match started {
                 Ok(daemon) => break daemon,
                 Err(e) => {
                     deaths.retain(|t| t.elapsed() < RESTART_WINDOW);
@@ -206,6 +213,20 @@ async fn supervise(config: MountConfig, daemon: DaemonCommand) -> Result<(), Mou
         };
         drop(fence);
     }
+}
+
+/// Stops on `signal` while no daemon serves (one is starting): unmounts, lazily when busy.
+fn stop_starting(
+    session: &mut Session<Handshake>,
+    mountpoint: &Path,
+    signal: &str,
+) -> Result<(), MountError> {
+    tracing::info!(
+        "{signal} while a daemon starts: unmounting {}",
+        mountpoint.display()
+    );
+    session::notify_systemd("STOPPING=1\n");
+    session::detach(Some(&mut session.unmount_callable()), mountpoint)
 }
 
 /// Detaches the mount after too many deaths; the error says so.
