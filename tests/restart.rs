@@ -81,6 +81,17 @@ fn new_server(store: &Path, mnt: &Path, old: i32) -> serde_json::Value {
     panic!("no daemon took over from {old}");
 }
 
+/// The store's fence, taken as a collection takes it (exclusively) until dropped.
+fn collections_fenced_off(store: &Path) -> fs::File {
+    let fence = fs::File::options()
+        .read(true)
+        .write(true)
+        .open(store.join("holds/gc.lock"))
+        .unwrap();
+    fence.lock().unwrap();
+    fence
+}
+
 /// Drops the file's cached pages, so the next reads ask the daemon.
 fn uncache(path: &Path) {
     let file = fs::File::open(path).unwrap();
@@ -103,12 +114,7 @@ fn a_request_the_killed_daemon_left_unanswered_is_answered_by_the_next() {
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     assert!(path.exists());
 
-    let fence = fs::File::options()
-        .read(true)
-        .write(true)
-        .open(store.join("holds/gc.lock"))
-        .unwrap();
-    fence.lock().unwrap();
+    let fence = collections_fenced_off(&store);
     let opened = Arc::new(AtomicBool::new(false));
     let (done, reader) = std::sync::mpsc::channel();
     {
@@ -508,4 +514,48 @@ fn a_stop_during_a_restart_is_not_kept_waiting_for_the_start() {
         asked.elapsed()
     );
     assert!(!tensorfs::fuse::session::is_mounted(&mnt));
+}
+
+/// A collection that began before the daemon died finds its holds alive: the supervisor keeps
+/// a descriptor of each hold (and so its lock) until the next daemon has taken its own. Here
+/// the test is the collection: it holds the fence while the daemon dies, and every hold file
+/// is still locked; after the restart, a real collection frees nothing the open file needs.
+#[test]
+fn holds_outlive_the_daemon_that_took_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    let mut held = fs::File::open(&path).unwrap();
+    ok(&store, &["rm", "local/big"]);
+    let server = pid(&status(&store, &mnt)["server_pid"]);
+    let fence = collections_fenced_off(&store);
+    kill(server, libc::SIGKILL);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut holds = 0;
+    for entry in fs::read_dir(store.join("holds")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap() == "gc.lock" {
+            continue;
+        }
+        let file = fs::File::open(&path).unwrap();
+        assert!(
+            matches!(file.try_lock(), Err(fs::TryLockError::WouldBlock)),
+            "{} is locked though its daemon died",
+            path.display()
+        );
+        holds += 1;
+    }
+    assert!(holds >= 1, "the open file's commit is held");
+    fence.unlock().unwrap();
+    new_server(&store, &mnt, server);
+    let said = ok(&store, &["gc", "--grace", "0"]);
+    assert!(said.contains("removed 0 objects"), "{said}");
+    uncache(&path);
+    let mut bytes = Vec::new();
+    held.read_to_end(&mut bytes)
+        .expect("the held handle reads on");
+    assert!(bytes == want);
+    drop(held);
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
 }

@@ -69,6 +69,9 @@ enum Handle {
     Dir(Arc<[DirEntry]>),
 }
 
+/// What [`TensorFs::on_hold`] calls with each hold taken.
+pub type HoldHook = Box<dyn Fn(&Hold) + Send + Sync>;
+
 /// The read-only TensorFS namespace over a [`Catalog`] and an [`ObjectSource`].
 pub struct TensorFs {
     pub(super) catalog: Arc<dyn Catalog>,
@@ -93,6 +96,8 @@ pub struct TensorFs {
     adoptable_below: AtomicU64,
     /// Held while a handle is adopted, so two first reads of one do not both open it.
     adopting: Mutex<()>,
+    /// Told of each hold taken on the store for open files ([`TensorFs::on_hold`]).
+    hold_hook: OnceLock<HoldHook>,
     /// The commits of open files, each held in the store once ([`Catalog::retain`]) with how
     /// many open files need it.
     pub(super) retained: Mutex<HashMap<Sha256, (usize, Option<Hold>)>>,
@@ -148,6 +153,7 @@ impl TensorFs {
             next_handle: AtomicU64::new(1),
             adoptable_below: AtomicU64::new(0),
             adopting: Mutex::default(),
+            hold_hook: OnceLock::new(),
             retained: Mutex::default(),
             reported: Mutex::default(),
             counters: Counters::default(),
@@ -346,7 +352,17 @@ impl TensorFs {
             );
             None
         });
+        if let (Some(hook), Some(hold)) = (self.hold_hook.get(), &hold) {
+            hook(hold);
+        }
         retained.insert(commit.sha256, (1, hold));
+    }
+
+    /// Has `hook` told of each hold this namespace takes on the store for open files, as it is
+    /// taken (before the open is answered): a supervisor keeps a descriptor of each, so the
+    /// holds outlive a daemon that dies ([`Hold::file`]). Set once; later calls are ignored.
+    pub fn on_hold(&self, hook: HoldHook) {
+        let _ = self.hold_hook.set(hook);
     }
 
     /// Opens file `ino` to read.

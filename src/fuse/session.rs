@@ -365,6 +365,15 @@ fn take_over(config: &MountConfig, handoff: &Handoff) -> Result<Mounted, MountEr
     let journal = unsafe { File::from_raw_fd(handoff.journal) };
     let (journal, replay) = super::takeover::Journal::resume(journal).map_err(serve_err)?;
     fs.hand_out_from(super::takeover::first_handle(handoff.generation));
+    // Each hold goes to the supervisor too, before the open it is for is answered, so it
+    // outlives this process should it die.
+    let (socket, generation) = (handoff.holds, handoff.generation);
+    fs.on_hold(Box::new(move |hold| {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(hold.file());
+        if let Err(e) = super::takeover::send_fd(socket, fd, generation) {
+            tracing::warn!("handing a hold to the supervisor: {e}; it ends with this daemon");
+        }
+    }));
     let adapter = FuseAdapter::resuming(fs.clone(), Arc::new(journal), replay)
         .map_err(|e| serve_err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
     fs.set_status_extra(status_extra(

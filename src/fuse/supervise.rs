@@ -16,7 +16,7 @@
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use fuser::Session;
 
 use super::session::{self, MountConfig, MountError};
-use super::takeover::{Handoff, Journal, Offer, HANDOFF_ENV, REPLACE_ME, SUPERVISOR_DIED};
+use super::takeover::{recv_fd, Handoff, Journal, Offer, HANDOFF_ENV, REPLACE_ME, SUPERVISOR_DIED};
 use super::Handshake;
 use crate::store::Store;
 use crate::sync::lock;
@@ -85,7 +85,14 @@ struct Supervisor {
     /// Daemons started, and how many of them took over from another.
     generation: u64,
     restarts: u64,
+    /// The daemons' end of the socket on which they send their holds, and the holds received
+    /// (a descriptor of each, with the generation of the daemon that took it).
+    hold_socket: OwnedFd,
+    holds: KeptHolds,
 }
+
+/// Descriptors of daemons' holds, each with the generation of the daemon that took it.
+type KeptHolds = Arc<Mutex<Vec<(u64, OwnedFd)>>>;
 
 /// Mounts as the module says: this process is the supervisor, and `daemon` starts the
 /// daemons, until the mount is unmounted or SIGTERM/SIGINT arrives. A process started by a
@@ -279,7 +286,10 @@ async fn make(
     let offer = lock(&offer).ok_or_else(|| serve_err(io::Error::other("no INIT offer")))?;
     let journal = Journal::create().map_err(serve_err)?;
     let device = session.as_fd().as_raw_fd();
+    let (hold_socket, holds) = keep_holds().map_err(serve_err)?;
     let supervisor = Supervisor {
+        hold_socket,
+        holds,
         mountpoint,
         store,
         remote: config.remote.is_some(),
@@ -291,6 +301,34 @@ async fn make(
         restarts: 0,
     };
     Ok((session, supervisor))
+}
+
+/// A socket whose one end daemons send their holds on, and the holds a thread of this process
+/// receives and keeps: so a hold outlives the daemon that took it, until the next daemon has
+/// taken its own ([`Supervisor::start`] lets the older ones go). A hold its daemon ended
+/// (its file removed) is let go as the next one arrives.
+fn keep_holds() -> io::Result<(OwnedFd, KeptHolds)> {
+    use std::os::unix::fs::MetadataExt;
+    let (ours, theirs) = super::takeover::socket_pair()?;
+    let holds = KeptHolds::default();
+    let kept = holds.clone();
+    std::thread::Builder::new()
+        .name("tensorfs-holds".into())
+        .spawn(move || loop {
+            match recv_fd(ours.as_raw_fd()) {
+                Ok(Some(hold)) => {
+                    let mut kept = lock(&kept);
+                    kept.retain(|(_, fd)| {
+                        let file = std::fs::File::from(fd.try_clone().expect("a descriptor"));
+                        file.metadata().is_ok_and(|m| m.nlink() > 0)
+                    });
+                    kept.push(hold);
+                }
+                Ok(None) => return,
+                Err(e) => tracing::warn!("receiving a daemon's hold: {e}"),
+            }
+        })?;
+    Ok((theirs, holds))
 }
 
 impl Supervisor {
@@ -345,6 +383,8 @@ impl Supervisor {
         if daemon.generation > 1 {
             self.restarts += 1;
         }
+        // It holds what its open files need now: the holds of the daemons before it go.
+        lock(&self.holds).retain(|(generation, _)| *generation >= daemon.generation);
         Ok(daemon)
     }
 
@@ -356,6 +396,7 @@ impl Supervisor {
             device: self.device,
             journal: self.journal.file().as_raw_fd(),
             ready: writer.as_raw_fd(),
+            holds: self.hold_socket.as_raw_fd(),
             generation: self.generation,
             restarts: self.restarts + u64::from(self.generation > 1),
             offer: self.offer,
@@ -372,7 +413,12 @@ impl Supervisor {
             .stdout(Stdio::null())
             // Signals from the terminal go to the supervisor, which tells the daemon.
             .process_group(0);
-        let inherited = [handoff.device, handoff.journal, handoff.ready];
+        let inherited = [
+            handoff.device,
+            handoff.journal,
+            handoff.ready,
+            handoff.holds,
+        ];
         // SAFETY: between fork and exec only async-signal-safe calls: fcntl and prctl.
         unsafe {
             command.pre_exec(move || {

@@ -137,6 +137,112 @@ pub fn close_backing(device: RawFd, id: u32) -> io::Result<()> {
     }
 }
 
+/// A connected pair of `AF_UNIX` sequenced-packet sockets (one message a read), close-on-exec.
+///
+/// # Errors
+/// `socketpair` fails.
+pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just made and are owned by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The room for one descriptor in a message's control data, in bytes.
+fn one_fd_space() -> usize {
+    // SAFETY: CMSG_SPACE only computes a size.
+    unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize }
+}
+
+/// A message header over one buffer `data` and the control buffer `control`, which both
+/// must outlive its use (it points at them).
+fn message(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+    // SAFETY: a zeroed msghdr is valid; the pointers set below are the caller's to keep.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() as _;
+    msg
+}
+
+/// Sends descriptor `fd` over the `AF_UNIX` socket `socket` (`SCM_RIGHTS`), with `tag` (8
+/// bytes, native order) as the message. The receiver's copy shares `fd`'s open file
+/// description, and so its `flock`s, even once this process has gone; a message not yet
+/// received keeps it too.
+///
+/// # Errors
+/// `sendmsg` fails.
+pub fn send_fd(socket: RawFd, fd: RawFd, tag: u64) -> io::Result<()> {
+    let mut data = tag.to_ne_bytes();
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    let mut control = vec![0u8; one_fd_space()];
+    let msg = message(&mut iov, &mut control);
+    // SAFETY: the control buffer holds one cmsghdr and one descriptor (CMSG_SPACE).
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+    }
+    // SAFETY: `msg` and what it points to are valid for the call.
+    match unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) } {
+        -1 => Err(io::Error::last_os_error()),
+        _ => Ok(()),
+    }
+}
+
+/// Receives one message of [`send_fd`] from `socket`, waiting for it: the tag and the
+/// descriptor (close-on-exec). `None` once the socket's other end is closed.
+///
+/// # Errors
+/// `recvmsg` fails, or a message carries no descriptor.
+pub fn recv_fd(socket: RawFd) -> io::Result<Option<(u64, OwnedFd)>> {
+    let mut data = [0u8; 8];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    let mut control = vec![0u8; one_fd_space()];
+    let mut msg = message(&mut iov, &mut control);
+    // SAFETY: `msg` and what it points to are valid for the call.
+    let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    match n {
+        -1 => return Err(io::Error::last_os_error()),
+        0 => return Ok(None),
+        _ => {}
+    }
+    // SAFETY: the kernel filled the control buffer; CMSG_FIRSTHDR checks its length.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // SAFETY: `cmsg` is checked for null before it is read.
+    let fd = unsafe {
+        (!cmsg.is_null()
+            && (*cmsg).cmsg_level == libc::SOL_SOCKET
+            && (*cmsg).cmsg_type == libc::SCM_RIGHTS)
+            .then(|| std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>()))
+    };
+    let fd = fd.ok_or_else(|| io::Error::other("a message without a descriptor"))?;
+    // SAFETY: SCM_RIGHTS gave this process a new descriptor, owned by nothing else.
+    Ok(Some((u64::from_ne_bytes(data), unsafe {
+        OwnedFd::from_raw_fd(fd)
+    })))
+}
+
 /// One journal record, CBOR-encoded after its length (u32, little-endian).
 #[derive(serde::Serialize)]
 enum Record<'a> {
@@ -436,8 +542,11 @@ pub struct Handoff {
     pub device: RawFd,
     /// The journal's memory file.
     pub journal: RawFd,
-    /// Where the daemon writes its readiness line ([`session::READY_LINE`] or `error: …`).
+    /// Where the daemon writes its readiness line ([`super::session::READY_LINE`] or `error: …`).
     pub ready: RawFd,
+    /// A socket on which the daemon sends the supervisor a descriptor of each hold it takes
+    /// on the store ([`send_fd`], tagged with its generation), so the holds outlive it.
+    pub holds: RawFd,
     /// Which daemon of the mount this is, from 1 (each start counts, failed ones too).
     pub generation: u64,
     /// How many daemons took over the mount before this one's start, this one included
@@ -452,8 +561,8 @@ pub struct Handoff {
 }
 
 impl Handoff {
-    /// The value of [`HANDOFF_ENV`]: `device=N journal=N ready=N generation=N restarts=N
-    /// supervisor=PID offer=OFFER mountpoint=HEX` (the path's bytes in hex).
+    /// The value of [`HANDOFF_ENV`]: `device=N journal=N ready=N holds=N generation=N
+    /// restarts=N supervisor=PID offer=OFFER mountpoint=HEX` (the path's bytes in hex).
     pub fn to_env(&self) -> String {
         use std::fmt::Write;
         let mut hex = String::new();
@@ -461,11 +570,12 @@ impl Handoff {
             let _ = write!(hex, "{b:02x}");
         }
         format!(
-            "device={} journal={} ready={} generation={} restarts={} supervisor={} offer={} \
-             mountpoint={hex}",
+            "device={} journal={} ready={} holds={} generation={} restarts={} supervisor={} \
+             offer={} mountpoint={hex}",
             self.device,
             self.journal,
             self.ready,
+            self.holds,
             self.generation,
             self.restarts,
             self.supervisor,
@@ -486,6 +596,7 @@ impl Handoff {
             device: fields.remove("device")?.parse().ok()?,
             journal: fields.remove("journal")?.parse().ok()?,
             ready: fields.remove("ready")?.parse().ok()?,
+            holds: fields.remove("holds")?.parse().ok()?,
             generation: fields.remove("generation")?.parse().ok()?,
             restarts: fields.remove("restarts")?.parse().ok()?,
             supervisor: fields.remove("supervisor")?.parse().ok()?,
@@ -563,21 +674,8 @@ pub fn session_on(
     handoff: &Handoff,
     config: fuser::Config,
 ) -> io::Result<Session<FuseAdapter>> {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair writes two descriptors into `fds`.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just made and are owned by nothing else.
-    let (ours, kernels) = unsafe { (OwnedFd::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    let (ours, kernels) = socket_pair()?;
+    let kernels = File::from(kernels);
     let request = handoff.offer.init_request();
     // SAFETY: `request` is readable for its length.
     let sent = unsafe { libc::write(kernels.as_raw_fd(), request.as_ptr().cast(), request.len()) };
@@ -764,6 +862,7 @@ mod tests {
             device: 5,
             journal: 6,
             ready: 9,
+            holds: 10,
             generation: 3,
             restarts: 1,
             offer: Offer {

@@ -272,6 +272,16 @@ impl Hold {
     }
 }
 
+impl Hold {
+    /// The hold file, under the hold's exclusive `flock`. The lock is its open file
+    /// description's: another descriptor of it (a process that received it over a socket)
+    /// keeps the hold for as long as it is open, even past this process (the file is
+    /// removed when the hold is dropped, which ends it for every descriptor).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
 impl Drop for Hold {
     fn drop(&mut self) {
         // Still locked while it goes, so no collection reads it as a dead hold's half.
