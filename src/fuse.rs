@@ -47,6 +47,10 @@ pub struct FuseAdapter {
     pub(crate) offer: Arc<Mutex<Option<Offer>>>,
     /// Requests the kernel sent again after a takeover ([`takeover::resend`]).
     resent: Arc<AtomicU64>,
+    /// The handles an earlier daemon opened (and journaled) by the `unique` of their `OPEN`:
+    /// the kernel sends that `OPEN` again when the daemon died before answering it, and it
+    /// is answered with the same handle, which would otherwise stay open for ever.
+    reopened: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
 }
 
 impl FuseAdapter {
@@ -58,6 +62,7 @@ impl FuseAdapter {
             journal: None,
             offer: Arc::default(),
             resent: Arc::default(),
+            reopened: Arc::default(),
         }
     }
 
@@ -75,13 +80,15 @@ impl FuseAdapter {
         replay: Replay,
     ) -> Result<FuseAdapter, crate::fs::inodes::RestoreError> {
         fs.restore_inodes(replay.inodes)?;
-        for (fh, handle) in &replay.open {
-            fs.adopt(handle.ino, *fh);
-        }
         let adapter = FuseAdapter {
             journal: Some(journal),
-            ..FuseAdapter::new(fs)
+            ..FuseAdapter::new(fs.clone())
         };
+        for (fh, handle) in &replay.open {
+            if fs.adopt(handle.ino, *fh) {
+                lock(&adapter.reopened).insert(handle.unique, *fh);
+            }
+        }
         let mut inodes = lock(&adapter.passthrough.inodes);
         for handle in replay.open.values() {
             let mode = inodes.entry(handle.ino).or_insert(match handle.backing {
@@ -209,6 +216,18 @@ enum IoMode {
     Inherited(usize, u32),
 }
 
+impl IoMode {
+    /// Takes a backing file an earlier daemon registered over: from now on a `BackingId`
+    /// owns it (and unregisters it after the last release).
+    fn own(&mut self, reply: &ReplyOpen) {
+        if let IoMode::Inherited(n, raw) = *self {
+            // SAFETY: the id is registered on this connection (an earlier daemon did it, and
+            // the journal says a file of it is still open); the BackingId made is its owner.
+            *self = IoMode::Passthrough(n, unsafe { reply.wrap_backing(raw) }, raw);
+        }
+    }
+}
+
 impl Passthrough {
     fn enabled(&self) -> bool {
         self.enabled.load(std::sync::atomic::Ordering::Relaxed)
@@ -256,11 +275,7 @@ impl Passthrough {
                 None => IoMode::Cached(0),
             }
         });
-        if let IoMode::Inherited(n, raw) = *mode {
-            // SAFETY: the id is registered on this connection (an earlier daemon did it and
-            // the journal says its file is still open); from now on this BackingId owns it.
-            *mode = IoMode::Passthrough(n, unsafe { reply.wrap_backing(raw) }, raw);
-        }
+        mode.own(&reply);
         match mode {
             IoMode::Cached(n) => {
                 *n += 1;
@@ -277,6 +292,26 @@ impl Passthrough {
                 reply.opened_passthrough(fh, flags, id);
             }
             IoMode::Inherited(..) => unreachable!("made a Passthrough above"),
+        }
+    }
+
+    /// Answers an `OPEN` the kernel sent again with handle `fh`, which the daemon before this
+    /// one opened for it and this one opened again (so the inode's mode counts it already).
+    fn reply_again(&self, ino: u64, fh: u64, keep_cache: bool, reply: ReplyOpen) {
+        let flags = open_flags(keep_cache);
+        let mut inodes = lock(&self.inodes);
+        if let Some(mode) = inodes.get_mut(&ino) {
+            mode.own(&reply);
+        }
+        match inodes.get(&ino) {
+            Some(IoMode::Passthrough(_, id, _)) => {
+                let flags = flags - FopenFlags::FOPEN_KEEP_CACHE;
+                reply.opened_passthrough(FileHandle(fh), flags, id);
+            }
+            _ => {
+                drop(inodes);
+                reply.opened(FileHandle(fh), flags);
+            }
         }
     }
 
@@ -299,6 +334,19 @@ impl Passthrough {
             }
         }
     }
+}
+
+/// How a file opens: never flushed, and its page cache kept between opens when `keep_cache`.
+fn open_flags(keep_cache: bool) -> FopenFlags {
+    // Nothing is ever dirty, so a close needs no FLUSH round trip; and one would wait for a
+    // free worker: a forked child's exec closing the descriptors it inherited hung while every
+    // worker waited on a fetch, which waited on the store's fence that the child's copy of a
+    // descriptor held (FOPEN_NOFLUSH, Linux 5.17; older kernels ignore it).
+    let mut flags = FopenFlags::FOPEN_NOFLUSH;
+    if keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    flags
 }
 
 /// A reply that can carry an errno; every `fuser` reply can.
@@ -440,22 +488,22 @@ impl Filesystem for FuseAdapter {
         let _span = tracing::warn_span!("open", req = req.unique().0, ino = ino.0).entered();
         self.seen(req);
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+        let unique = req.unique().0;
+        if unique & RESENT != 0 {
+            let again = lock(&self.reopened).remove(&(unique & !RESENT));
+            if let Some(fh) = again {
+                let keep_cache = self.fs.keeps_cache(fh);
+                return self.passthrough.reply_again(ino.0, fh, keep_cache, reply);
+            }
+        }
         match self.fs.open(ino.0, write) {
             Ok(opened) => {
-                // Nothing is ever dirty, so a close needs no FLUSH round trip; and one would
-                // wait for a free worker: a forked child's exec closing the descriptors it
-                // inherited hung while every worker waited on a fetch, which waited on the
-                // store's fence that the child's copy of a descriptor held (FOPEN_NOFLUSH,
-                // Linux 5.17; older kernels ignore it).
-                let mut fopen = FopenFlags::FOPEN_NOFLUSH;
-                if opened.keep_cache {
-                    fopen |= FopenFlags::FOPEN_KEEP_CACHE;
-                }
+                let fopen = open_flags(opened.keep_cache);
                 let fh = FileHandle(opened.fh);
                 // Before the reply: a daemon taking over opens the handle again at once.
                 let record = |backing| {
                     if let Some(journal) = &self.journal {
-                        journal.opened(&self.fs, opened.fh, ino.0, backing);
+                        journal.opened(&self.fs, opened.fh, ino.0, backing, unique);
                     }
                 };
                 if self.passthrough.enabled() {

@@ -559,3 +559,51 @@ fn holds_outlive_the_daemon_that_took_them() {
     drop(held);
     ok(&store, &["unmount", mnt.to_str().unwrap()]);
 }
+
+/// An `OPEN` the daemon journaled but died before answering is sent again, and answered with
+/// the handle the next daemon opened again for it, not a new one: files opened and closed
+/// through many restarts leave no handle open (and no commit held) once all are closed.
+#[test]
+fn opens_and_closes_through_many_restarts_leave_no_handle_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    let stop = Arc::new(AtomicBool::new(false));
+    let openers: Vec<_> = (0..4)
+        .map(|_| {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut opens = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut file = fs::File::open(&path).expect("opens through restarts");
+                    let mut head = [0u8; 8];
+                    file.read_exact(&mut head).expect("reads through restarts");
+                    opens += 1;
+                }
+                opens
+            })
+        })
+        .collect();
+    let supervisor = pid(&status(&store, &mnt)["pid"]);
+    for _ in 0..40 {
+        let server = pid(&status(&store, &mnt)["server_pid"]);
+        kill(supervisor, libc::SIGHUP);
+        new_server(&store, &mnt, server);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let opens: u64 = openers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(opens > 40, "{opens} opens");
+    // Releases are sent after the close returns: give the last ones a moment.
+    let mut now = status(&store, &mnt);
+    for _ in 0..50 {
+        if now["open_files"] == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        now = status(&store, &mnt);
+    }
+    assert_eq!(now["open_files"], 0, "{now}");
+    assert_eq!(now["holds"]["commits"], 0, "{now}");
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}

@@ -435,6 +435,12 @@ impl TensorFs {
         }
     }
 
+    /// Whether open handle `fh` keeps the page cache between opens (a lane file's, which
+    /// never changes); `false` for a made file's, or a handle not open.
+    pub fn keeps_cache(&self, fh: u64) -> bool {
+        matches!(self.handle(fh), Some(Handle::File(_)))
+    }
+
     /// The error for handle `fh`, which is not open: one an earlier daemon opened and this
     /// one could not open again is EIO, any other EBADF.
     fn not_open(&self, fh: u64) -> FsError {

@@ -248,12 +248,14 @@ pub fn recv_fd(socket: RawFd) -> io::Result<Option<(u64, OwnedFd)>> {
 enum Record<'a> {
     /// An inode given to the kernel.
     Inode(&'a Inode),
-    /// A file handle opened: its inode, and its backing file's id when the kernel reads the
-    /// file through it (passthrough).
+    /// A file handle opened: its inode, its backing file's id when the kernel reads the file
+    /// through it (passthrough), and the `unique` of the request that opened it (which a
+    /// resent request carries again).
     Open {
         fh: u64,
         ino: u64,
         backing: Option<u32>,
+        unique: u64,
     },
     /// A handle released.
     Release { fh: u64 },
@@ -267,6 +269,7 @@ enum ReadRecord {
         fh: u64,
         ino: u64,
         backing: Option<u32>,
+        unique: u64,
     },
     Release {
         fh: u64,
@@ -280,6 +283,8 @@ pub struct OpenHandle {
     pub ino: u64,
     /// Its passthrough backing file's id, when it has one.
     pub backing: Option<u32>,
+    /// The `unique` of the `OPEN` that made it, without [`RESENT`].
+    pub unique: u64,
 }
 
 /// What a journal held when a daemon took it over.
@@ -378,8 +383,20 @@ impl Journal {
         while let Some(record) = next_record(&bytes, &mut at) {
             match record {
                 ReadRecord::Inode(inode) => replay.inodes.push(inode),
-                ReadRecord::Open { fh, ino, backing } => {
-                    replay.open.insert(fh, OpenHandle { ino, backing });
+                ReadRecord::Open {
+                    fh,
+                    ino,
+                    backing,
+                    unique,
+                } => {
+                    replay.open.insert(
+                        fh,
+                        OpenHandle {
+                            ino,
+                            backing,
+                            unique,
+                        },
+                    );
                 }
                 ReadRecord::Release { fh } => {
                     replay.open.remove(&fh);
@@ -423,11 +440,24 @@ impl Journal {
         }
     }
 
-    /// Records handle `fh` of inode `ino` opened, with its backing file's id if any.
-    pub fn opened(&self, fs: &TensorFs, fh: u64, ino: u64, backing: Option<u32>) {
+    /// Records handle `fh` of inode `ino` opened, with its backing file's id if any, by the
+    /// request `unique`.
+    pub fn opened(&self, fs: &TensorFs, fh: u64, ino: u64, backing: Option<u32>, unique: u64) {
         let mut state = lock(&self.state);
-        state.open.insert(fh, OpenHandle { ino, backing });
-        self.event(&mut state, fs, &Record::Open { fh, ino, backing });
+        let unique = unique & !RESENT;
+        let handle = OpenHandle {
+            ino,
+            backing,
+            unique,
+        };
+        state.open.insert(fh, handle);
+        let record = Record::Open {
+            fh,
+            ino,
+            backing,
+            unique,
+        };
+        self.event(&mut state, fs, &record);
     }
 
     /// Records handle `fh` released.
@@ -468,6 +498,7 @@ impl Journal {
                 fh,
                 ino: h.ino,
                 backing: h.backing,
+                unique: h.unique,
             };
             state.event_bytes += self.append(state, &record)?;
         }
@@ -761,11 +792,13 @@ mod tests {
                     fh: 7,
                     ino: 2,
                     backing: Some(1),
+                    unique: 40,
                 },
                 Record::Open {
                     fh: 8,
                     ino: 3,
                     backing: None,
+                    unique: 42,
                 },
                 Record::Release { fh: 7 },
             ] {
@@ -787,7 +820,8 @@ mod tests {
                 8,
                 OpenHandle {
                     ino: 3,
-                    backing: None
+                    backing: None,
+                    unique: 42,
                 }
             )])
         );
@@ -807,13 +841,14 @@ mod tests {
         let fs = TensorFs::over_store(store, crate::fs::FsConfig::default());
         let journal = Journal::create().unwrap();
         journal.keep_inodes(&fs, 1);
-        journal.opened(&fs, 1, 1, Some(4));
+        // The kernel's resend bit is not kept: a resent OPEN is matched without it.
+        journal.opened(&fs, 1, 1, Some(4), 10 | RESENT);
         // Far past the bytes that start a compaction.
         for fh in 2..300_000 {
-            journal.opened(&fs, fh, 1, None);
+            journal.opened(&fs, fh, 1, None, 2 * fh);
             journal.released(&fs, fh);
         }
-        journal.opened(&fs, 300_000, 1, None);
+        journal.opened(&fs, 300_000, 1, None, 12);
         let meta = journal.file.metadata().unwrap();
         assert!(meta.len() > 4 * COMPACT_AFTER, "{} bytes", meta.len());
         // At most the records since the last compaction are held, and the page they start in.
@@ -831,14 +866,16 @@ mod tests {
                     1,
                     OpenHandle {
                         ino: 1,
-                        backing: Some(4)
+                        backing: Some(4),
+                        unique: 10,
                     }
                 ),
                 (
                     300_000,
                     OpenHandle {
                         ino: 1,
-                        backing: None
+                        backing: None,
+                        unique: 12,
                     }
                 ),
             ])
