@@ -562,11 +562,16 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if self.passthrough.enabled() {
+        // Journaled before a last release unregisters the inode's backing file: a daemon
+        // taking over must never take an id the kernel has let go of (and may give to
+        // another file) for the backing file of a handle still open. A RELEASE sent again
+        // after a takeover, which the daemon before had journaled, was counted out already.
+        let open = self
+            .journal
+            .as_ref()
+            .is_none_or(|journal| journal.released(&self.fs, fh.0));
+        if self.passthrough.enabled() && open {
             self.passthrough.release(ino.0);
-        }
-        if let Some(journal) = &self.journal {
-            journal.released(&self.fs, fh.0);
         }
         self.fs.release(fh.0);
         reply.ok();

@@ -92,6 +92,43 @@ fn collections_fenced_off(store: &Path) -> fs::File {
     fence
 }
 
+/// Whether FUSE passthrough is impossible here (it needs `CAP_SYS_ADMIN`): test `name` then
+/// says it is skipped, and fails under CI, which runs as root.
+fn no_passthrough(name: &str) -> bool {
+    if tensorfs::fuse::session::may_pass_through() {
+        return false;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI runs as root, where passthrough is possible"
+    );
+    eprintln!("skipped {name}: needs CAP_SYS_ADMIN");
+    true
+}
+
+/// [`mounted`] with views on, its file read once so it has a view, which later opens pass
+/// through to: (the file's bytes, store, mount point, the mounted file, its unmounting).
+fn mounted_with_a_view(dir: &Path) -> (Vec<u8>, PathBuf, PathBuf, PathBuf, Cleanup) {
+    let (want, store, mnt) = mounted(dir, &[]);
+    let cleanup = Cleanup(mnt.clone());
+    let path = mnt.join("local/big/latest/u8/model.safetensors");
+    viewed(&store, &mnt, &path, &want);
+    (want, store, mnt, path, cleanup)
+}
+
+/// Reads the mounted file `path` (whose bytes are `want`) once, so it gets a view, and waits
+/// for the view: later opens pass through to it.
+fn viewed(store: &Path, mnt: &Path, path: &Path, want: &[u8]) {
+    assert!(fs::read(path).unwrap() == want);
+    for _ in 0..200 {
+        if status(store, mnt)["views"]["count"] == 1 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no view of {}", path.display());
+}
+
 /// Drops the file's cached pages, so the next reads ask the daemon.
 fn uncache(path: &Path) {
     let file = fs::File::open(path).unwrap();
@@ -230,26 +267,11 @@ fn readers_finish_with_the_right_bytes_while_the_daemon_is_killed_and_restarted(
 /// would make the kernel refuse the open (ETXTBSY or EBUSY).
 #[test]
 fn a_file_open_through_passthrough_opens_again_after_a_restart() {
-    if !tensorfs::fuse::session::may_pass_through() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI runs as root, where passthrough is possible"
-        );
-        eprintln!("skipped a_file_open_through_passthrough_opens_again_after_a_restart: needs CAP_SYS_ADMIN");
+    if no_passthrough("a_file_open_through_passthrough_opens_again_after_a_restart") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (want, store, mnt) = mounted(dir.path(), &[]);
-    let _cleanup = Cleanup(mnt.clone());
-    let path = mnt.join("local/big/latest/u8/model.safetensors");
-    // Served once, the file gets a view, and opens after that pass through to it.
-    assert!(fs::read(&path).unwrap() == want);
-    for _ in 0..200 {
-        if status(&store, &mnt)["views"]["count"] == 1 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (want, store, mnt, path, _cleanup) = mounted_with_a_view(dir.path());
     let mut held = fs::File::open(&path).unwrap();
     let served = status(&store, &mnt)["bytes_served"].clone();
     uncache(&path);
@@ -565,10 +587,30 @@ fn holds_outlive_the_daemon_that_took_them() {
 /// through many restarts leave no handle open (and no commit held) once all are closed.
 #[test]
 fn opens_and_closes_through_many_restarts_leave_no_handle_open() {
+    opens_and_closes_through_restarts(false);
+}
+
+/// The same through passthrough (root): a resent `OPEN` of a file passed through to its view
+/// is answered with its handle and the backing file the inode has, and a resent `RELEASE`
+/// the daemon before had journaled is not counted out twice (which unregistered the backing
+/// file of handles still open, so the next open was refused: EIO).
+#[test]
+fn passthrough_opens_and_closes_through_many_restarts_leave_no_handle_open() {
+    if no_passthrough("passthrough_opens_and_closes_through_many_restarts_leave_no_handle_open") {
+        return;
+    }
+    opens_and_closes_through_restarts(true);
+}
+
+fn opens_and_closes_through_restarts(views: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let extra: &[&str] = if views { &[] } else { &["--view-cache", "0"] };
+    let (want, store, mnt) = mounted(dir.path(), extra);
     let _cleanup = Cleanup(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
+    if views {
+        viewed(&store, &mnt, &path, &want);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let openers: Vec<_> = (0..4)
         .map(|_| {
@@ -605,5 +647,45 @@ fn opens_and_closes_through_many_restarts_leave_no_handle_open() {
     }
     assert_eq!(now["open_files"], 0, "{now}");
     assert_eq!(now["holds"]["commits"], 0, "{now}");
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
+/// Opens and closes of a file passed through to its view, from several threads, never fail
+/// (no restart here): the inode's mode and backing file follow its open handles exactly, or
+/// the kernel refuses an open (EIO).
+#[test]
+fn passthrough_opens_and_closes_in_parallel_never_fail() {
+    if no_passthrough("passthrough_opens_and_closes_in_parallel_never_fail") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (want, store, mnt, path, _cleanup) = mounted_with_a_view(dir.path());
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut failed = Vec::new();
+                while std::time::Instant::now() < until {
+                    if let Err(e) =
+                        fs::File::open(&path).and_then(|mut f| f.read_exact(&mut [0; 8]))
+                    {
+                        failed.push(e.to_string());
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let failed: Vec<String> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} opens failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
     ok(&store, &["unmount", mnt.to_str().unwrap()]);
 }

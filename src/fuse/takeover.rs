@@ -460,12 +460,15 @@ impl Journal {
         self.event(&mut state, fs, &record);
     }
 
-    /// Records handle `fh` released.
-    pub fn released(&self, fs: &TensorFs, fh: u64) {
+    /// Records handle `fh` released; returns whether it was open. A `RELEASE` the kernel sent
+    /// again, which the daemon before had recorded, finds it closed already.
+    pub fn released(&self, fs: &TensorFs, fh: u64) -> bool {
         let mut state = lock(&self.state);
-        if state.open.remove(&fh).is_some() {
+        let open = state.open.remove(&fh).is_some();
+        if open {
             self.event(&mut state, fs, &Record::Release { fh });
         }
+        open
     }
 
     fn event(&self, state: &mut State, fs: &TensorFs, record: &Record) {
