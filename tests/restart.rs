@@ -659,7 +659,7 @@ fn passthrough_opens_and_closes_in_parallel_never_fail() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (want, store, mnt, path, _cleanup) = mounted_with_a_view(dir.path());
+    let (_, store, mnt, path, _cleanup) = mounted_with_a_view(dir.path());
     let until = std::time::Instant::now() + Duration::from_secs(3);
     let threads: Vec<_> = (0..4)
         .map(|_| {
