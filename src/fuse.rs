@@ -103,11 +103,6 @@ impl FuseAdapter {
         Ok(adapter)
     }
 
-    /// The kernel's `INIT` offer, once the handshake is done.
-    pub fn offer(&self) -> Option<Offer> {
-        *lock(&self.offer)
-    }
-
     /// How many requests the kernel sent again after this daemon took the mount over.
     pub fn resent(&self) -> Arc<AtomicU64> {
         self.resent.clone()

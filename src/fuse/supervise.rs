@@ -308,7 +308,6 @@ async fn make(
 /// taken its own ([`Supervisor::start`] lets the older ones go). A hold its daemon ended
 /// (its file removed) is let go as the next one arrives.
 fn keep_holds() -> io::Result<(OwnedFd, KeptHolds)> {
-    use std::os::unix::fs::MetadataExt;
     let (ours, theirs) = super::takeover::socket_pair()?;
     let holds = KeptHolds::default();
     let kept = holds.clone();
@@ -318,10 +317,7 @@ fn keep_holds() -> io::Result<(OwnedFd, KeptHolds)> {
             match recv_fd(ours.as_raw_fd()) {
                 Ok(Some(hold)) => {
                     let mut kept = lock(&kept);
-                    kept.retain(|(_, fd)| {
-                        let file = std::fs::File::from(fd.try_clone().expect("a descriptor"));
-                        file.metadata().is_ok_and(|m| m.nlink() > 0)
-                    });
+                    kept.retain(|(_, fd)| linked(fd));
                     kept.push(hold);
                 }
                 Ok(None) => return,
@@ -329,6 +325,13 @@ fn keep_holds() -> io::Result<(OwnedFd, KeptHolds)> {
             }
         })?;
     Ok((theirs, holds))
+}
+
+/// Whether the file `fd` is open to still has a name (a hold its daemon ended was removed).
+fn linked(fd: &OwnedFd) -> bool {
+    // SAFETY: fstat fills the zeroed struct it is given; `fd` is open.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) == 0 && stat.st_nlink > 0 }
 }
 
 impl Supervisor {
