@@ -1479,3 +1479,63 @@ fn a_vae_missing_a_tensor_imports_as_it_is_naming_the_tensor() {
     );
     assert!(report["lanes"][0]["single_file"].is_null(), "{report}");
 }
+
+/// A whole FLUX.1 checkpoint as ComfyUI saves one has no T5 tokenizer, and none ships
+/// offline: without `--pipeline` it imports as it is, the warning saying why and naming the
+/// flag; joining a pipeline of another class is refused, storing nothing. (Joining a stored
+/// FluxPipeline is checked against diffusers by tools/e2e/flux_checkpoint_check.py.)
+#[test]
+fn a_whole_flux_checkpoint_converts_only_joining_a_stored_flux_pipeline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let base = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    import_json(&store, &base, "local/base", &[]);
+    let mut whole: Vec<(String, Vec<usize>)> = [
+        ("img_in.weight", vec![128, 64]),
+        ("double_blocks.0.img_attn.qkv.weight", vec![384, 128]),
+        ("single_blocks.0.linear1.weight", vec![896, 128]),
+        ("final_layer.adaLN_modulation.1.weight", vec![256, 128]),
+    ]
+    .into_iter()
+    .map(|(k, s)| (format!("model.diffusion_model.{k}"), s))
+    .collect();
+    whole.push(("vae.decoder.conv_in.weight".into(), vec![64, 16, 3, 3]));
+    whole.extend(
+        clip_tensors(64, true)
+            .into_iter()
+            .map(|(k, s)| (format!("text_encoders.clip_l.transformer.{k}"), s)),
+    );
+    whole.extend(
+        t5_tensors(1, true, false)
+            .into_iter()
+            .map(|(k, s)| (format!("text_encoders.t5xxl.transformer.{k}"), s)),
+    );
+    let file = write(tmp.path(), "flux1.safetensors", &whole);
+    let report = import_json(&store, &file, "local/flux", &[]);
+    assert!(report["lanes"][0]["single_file"].is_null(), "{report}");
+    let warnings = report["warnings"].to_string();
+    for said in [
+        "flux.single_file: a whole FLUX.1 checkpoint needs a T5 tokenizer",
+        "it converts joining a stored FluxPipeline (import --pipeline NAME)",
+    ] {
+        assert!(warnings.contains(said), "{warnings}");
+    }
+    let before = snapshot(&store);
+    let args = [
+        "import",
+        file.to_str().unwrap(),
+        "--name",
+        "local/joined",
+        "--pipeline",
+        "local/base",
+    ];
+    let err = fails(&store, &args);
+    assert!(
+        err.contains("it is a StableDiffusionPipeline, and flux.single_file makes a FluxPipeline"),
+        "{err}"
+    );
+    assert!(
+        snapshot(&store) == before,
+        "a refused import changed the store"
+    );
+}

@@ -30,7 +30,8 @@ pub const PREDICTION_TYPES: [&str; 2] = ["epsilon", "v_prediction"];
 /// left as it is; one that the converters taking it cannot convert is too, with a warning.
 /// `config.prediction_type` (`--prediction-type`) is what the model predicts, over the file's
 /// markers; `config.converter` names the converter; `config.pipeline` is a pipeline the
-/// components of a model alone join ([`compose`]).
+/// components of a model alone, or of a whole checkpoint that cannot stand alone, join
+/// ([`compose`]).
 ///
 /// # Errors
 /// Two converters convert the file and `--converter` names none; the named one cannot convert
@@ -208,14 +209,16 @@ struct Built {
     pipeline: Option<crate::format::Pipeline>,
 }
 
-/// Makes `built`, the components of a model alone, part of `base`'s pipeline: the pipeline
-/// is `base`'s, the components `base`'s in its order (less a single-file lane's own), each the
-/// file's where the file holds one of that name, else `base`'s, borrowed as its commit
-/// stores it.
+/// Makes `built`, the components of a model alone (or of a whole checkpoint whose family
+/// has no offline source for some of its pipeline's, `needs_pipeline`), part of `base`'s
+/// pipeline: the pipeline is `base`'s, the components `base`'s in its order (less a
+/// single-file lane's own), each the file's where the file holds one of that name, else
+/// `base`'s (tokenizers and scheduler among them), borrowed as its commit stores it.
 ///
 /// # Errors
-/// The converter makes a whole pipeline; `base` has no pipeline; the pipeline has no
-/// component of a converted one's name, or one of another class.
+/// The converter makes a whole pipeline and needs none, or another class of pipeline than
+/// `base`'s; `base` has no pipeline; the pipeline has no component of a converted one's
+/// name, or one of another class.
 fn compose(
     built: &mut Built,
     base: &super::PipelineBase,
@@ -223,12 +226,7 @@ fn compose(
 ) -> Result<(), String> {
     use super::lane::{Borrowed, ComponentModel};
 
-    if converter.pipeline.is_some() {
-        return Err(format!(
-            "{} makes a whole pipeline; only a model alone joins one",
-            converter.name
-        ));
-    }
+    joinable(converter, Some(&base.commit.header))?;
     let header = &base.commit.header;
     let Some(pipeline) = &header.pipeline else {
         return Err("it is no pipeline".into());
@@ -277,6 +275,40 @@ fn compose(
     }
     built.pipeline = Some(pipeline.clone());
     Ok(())
+}
+
+/// Whether a file `converter` converts may join the pipeline of `joined` (`import
+/// --pipeline`), or convert without one (`None`): a model alone may join any; a whole
+/// checkpoint only when its family lacks an offline source for some of its pipeline's
+/// components (`needs_pipeline`), and then it must, a pipeline of its own class.
+///
+/// # Errors
+/// Which of those rules the file breaks.
+fn joinable(
+    converter: &crate::layout::convert::Converter,
+    joined: Option<&crate::format::Header>,
+) -> Result<(), String> {
+    let Some(ours) = &converter.pipeline else {
+        return Ok(());
+    };
+    let theirs = joined.map(|h| h.pipeline.as_ref().map(|p| p.class.name.as_str()));
+    match (&converter.needs_pipeline, theirs) {
+        (None, None) => Ok(()),
+        (None, Some(_)) => Err(format!(
+            "{} makes a whole pipeline of its own; only a model alone, or a whole checkpoint \
+             that needs a stored pipeline's other components, joins one",
+            converter.name
+        )),
+        (Some(why), None) => Err(format!(
+            "{why}: it converts joining a stored {ours} (import --pipeline NAME)"
+        )),
+        (Some(_), Some(None)) => Err("it is no pipeline".into()),
+        (Some(_), Some(Some(class))) if !converter.pipelines().any(|p| p == class) => Err(format!(
+            "it is a {class}, and {} makes a {ours}",
+            converter.name
+        )),
+        (Some(_), Some(Some(_))) => Ok(()),
+    }
 }
 
 /// Config values by component, as markers and declarations set them.
@@ -387,7 +419,11 @@ fn build(
         listed.push((rule.name.clone(), rule.class.clone()));
         components.push(m);
     }
-    let pipeline = match converter.pipeline_for(&derived) {
+    // A file that joins a stored pipeline takes its tokenizers and scheduler ([`compose`]).
+    let pipeline = match converter
+        .pipeline_for(&derived)
+        .filter(|_| joined.is_none())
+    {
         None => None,
         Some(class) => {
             for mut extra in configs::extras(family)? {
@@ -431,6 +467,7 @@ fn configs(
     joined: Option<&crate::format::Header>,
 ) -> Result<BTreeMap<String, serde_json::Map<String, serde_json::Value>>, String> {
     let converter = conversion.converter;
+    joinable(converter, joined)?;
     let family = &table().families[&converter.family];
     let no_values = serde_json::Map::new();
     let mut derived = BTreeMap::new();

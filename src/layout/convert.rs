@@ -126,6 +126,12 @@ pub(crate) struct Converter {
     /// inpainting UNet's 9 input channels), tried in order.
     #[serde(default)]
     variants: Vec<Variant>,
+    /// For a whole pipeline that has no offline source for some of its components (FLUX.1's
+    /// T5 tokenizer): why. Such a file converts only when it joins a stored pipeline of its
+    /// class (`import --pipeline`), which gives what the file lacks; without one the
+    /// converter does not convert it.
+    #[serde(default)]
+    pub needs_pipeline: Option<String>,
     /// The components, in the pipeline's order.
     pub components: Vec<ComponentRule>,
 }
