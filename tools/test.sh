@@ -34,8 +34,8 @@
 #    files, and UNets, text encoders and FLUX.1/SD3 transformers alone, imported as Diffusers
 #    components: the file byte for byte, `<lane>@diffusers` loaded by Diffusers equal to the
 #    model it was written from, diffusers' own conversion as oracle, ≤ 2 % added),
-#    tools/e2e/flux_checkpoint_check.py (a whole FLUX.1 checkpoint joined to a stored
-#    FluxPipeline with `import --pipeline`: loaded by Diffusers equal to the model written),
+#    tools/e2e/joined_checkpoint_check.py (whole FLUX.1 and SD3-with-T5 checkpoints joined to a stored
+#    pipeline with `import --pipeline`: loaded by Diffusers equal to the model written),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
 #    exported by `tfs`);
 # 5. a smoke test of the benchmark command: `tools/bench --quick --no-drop-caches` (64 MiB, one
@@ -131,9 +131,9 @@ if [ $run_e2e = 1 ]; then
     step "single-file checkpoints (converted to Diffusers components; diffusers as oracle)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/single_file_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/single_file"
     passed+=("single files")
-    step "whole FLUX.1 checkpoints (joined to a stored FluxPipeline; diffusers as oracle)" \
-        timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/flux_checkpoint_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/flux_checkpoint"
-    passed+=("flux checkpoints")
+    step "whole FLUX.1 and SD3 checkpoints with T5 (joined to a stored pipeline; diffusers as oracle)" \
+        timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/joined_checkpoint_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/joined_checkpoint"
+    passed+=("joined checkpoints")
     step "compat_check (reference tfs 0.17.2)" \
         timeout -k 30 "$e2e_limit" "$py" "$TENSORFS_ROOT/tools/e2e/compat_check.py" --tensorfs "$TENSORFS_BIN" --work "$work/compat"
     passed+=("compat")

@@ -127,6 +127,9 @@ pub(crate) fn apply(
         Outcome::Converted(c) => c,
     };
     let converter = &conversion.converter.name;
+    for why in &conversion.passed_over {
+        model.warnings.push(format!("{lane_path}: {why}"));
+    }
     let family = &table().families[&conversion.converter.family];
     // A model alone has no scheduler; only a family whose configs depend on what the model
     // predicts (an SD 2.x UNet's sample size and attention upcast) takes the flag for one.

@@ -979,6 +979,9 @@ pub(crate) struct Conversion<'t> {
     pub components: Vec<Converted<'t>>,
     /// Arrays that stay in the file's own component (under no prefix, or kept by a rule).
     pub kept: Vec<usize>,
+    /// Why converters that take the file but convert only joining a stored pipeline
+    /// (`needs_pipeline`) did not, each naming its converter: what `--pipeline` would add.
+    pub passed_over: Vec<String>,
 }
 
 /// What the table makes of a file.
@@ -1032,15 +1035,25 @@ pub(crate) fn recognise<'t>(
         .collect();
     let mut converted = Vec::new();
     let mut refused = Vec::new();
+    let mut passed_over = Vec::new();
     for c in &takers {
         match attempt(c) {
             Ok(v) => converted.push(v),
-            Err(why) => refused.push(format!("{}: {why}", c.name)),
+            Err(why) => {
+                if c.needs_pipeline.is_some() {
+                    passed_over.push(format!("{}: {why}", c.name));
+                }
+                refused.push(format!("{}: {why}", c.name));
+            }
         }
     }
     match (takers.len(), converted.len()) {
         (0, _) => Ok(Outcome::Unknown),
-        (_, 1) => Ok(Outcome::Converted(converted.pop().expect("one"))),
+        (_, 1) => {
+            let mut conversion = converted.pop().expect("one");
+            conversion.passed_over = passed_over;
+            Ok(Outcome::Converted(conversion))
+        }
         (_, 0) => Ok(Outcome::Unconverted(refused.join("; "))),
         _ => {
             let names: Vec<&str> = converted
@@ -1216,6 +1229,7 @@ fn convert<'t>(
         converter,
         components,
         kept,
+        passed_over: Vec::new(),
     })
 }
 
