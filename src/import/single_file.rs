@@ -143,6 +143,19 @@ pub(crate) fn apply(
              config does not depend on it"
         )));
     }
+    // A whole checkpoint that joins a pipeline takes its scheduler, which says what it predicts.
+    if let (Some(p), Some(_), Some(base), None) = (
+        prediction,
+        &conversion.converter.pipeline,
+        &config.pipeline,
+        family.get("prediction_types"),
+    ) {
+        return Err(fail(format!(
+            "--prediction-type {p}: joining {}, {converter} takes its scheduler, which says what \
+             the model predicts",
+            base.name
+        )));
+    }
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
     let mut built = match build(&conversion, c, &path, &marked, joined) {

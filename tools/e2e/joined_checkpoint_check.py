@@ -249,6 +249,11 @@ def import_kind(report, kind, work, store_cli, tfs):
                  f"{kind.name}: joining another class of pipeline is refused and stores nothing",
                  p.stderr.strip()[-300:])
 
+    p = run("import", file, "--name", f"local/{kind.name}-declared", "--pipeline", f"local/{kind.name}",
+            "--prediction-type", "epsilon")
+    report.check(p.returncode != 0 and "takes its scheduler" in p.stderr and tensorfs("ls", "--json") == before,
+                 f"{kind.name}: --prediction-type is refused when the joined pipeline's scheduler says it",
+                 p.stderr.strip()[-300:])
     name = f"local/{kind.name}-tuned"
     said = json.loads(tensorfs("import", file, "--name", name, "--pipeline", f"local/{kind.name}", "--json"))
     converted = said["lanes"][0].get("single_file") or {}
