@@ -227,6 +227,23 @@ pub struct PipelineBase {
     pub name: String,
     /// Its commit.
     pub commit: crate::store::Commit,
+    /// Components of other stored models that stand in for the pipeline's own of their name
+    /// (`import --component NAME=REF`): a VAE repo, a text encoder's folder.
+    pub components: Vec<LentComponent>,
+}
+
+/// A stored model's component that stands in for a pipeline's (`import --component NAME=REF`):
+/// the component `name` of `commit`'s lane, or, for a model folder or a file of a model alone,
+/// its one model. It must be of the class of the pipeline's component `name` and share its
+/// interface values (`fs-layout/single_file.json`, `interfaces`: a VAE's latent channels).
+#[derive(Clone, Debug)]
+pub struct LentComponent {
+    /// The pipeline's component it stands in for (`vae`).
+    pub name: String,
+    /// The model as the user named it (`local/my-vae`), for messages.
+    pub from: String,
+    /// Its commit.
+    pub commit: crate::store::Commit,
 }
 
 /// Imports `sources` (one folder, or `.safetensors` and `.gguf` files) as new commits of repo
@@ -245,10 +262,15 @@ pub fn import(
     let source = scan::scan(sources)?;
     // What a composed lane borrows stays while the import runs, and must be here (a lazily
     // mounted model's chunks may not be).
-    let _hold = match &config.pipeline {
-        Some(base) => Some(hold_borrowed(store, base)?),
-        None => None,
-    };
+    let mut _holds = Vec::new();
+    if let Some(base) = &config.pipeline {
+        let flag = format!("--pipeline {}", base.name);
+        _holds.push(hold_borrowed(store, &flag, &base.commit)?);
+        for lent in &base.components {
+            let flag = format!("--component {}={}", lent.name, lent.from);
+            _holds.push(hold_borrowed(store, &flag, &lent.commit)?);
+        }
+    }
     let lanes = model::lanes(&source, config)?;
     if lanes
         .iter()
@@ -612,27 +634,27 @@ fn encoding_index(header: &mut Header, encoding: &Encoding) -> usize {
     }
 }
 
-/// Holds what `base`'s commit names while the import runs, and checks that it is all in
-/// the store.
+/// Holds what `commit` (lent by the flag `flag`) names while the import runs, and checks
+/// that it is all in the store.
 ///
 /// # Errors
 /// The hold cannot be placed, or an object is missing (a lazily mounted model's chunk that
 /// was never read).
 fn hold_borrowed(
     store: &Store,
-    base: &PipelineBase,
+    flag: &str,
+    commit: &crate::store::Commit,
 ) -> Result<crate::store::retention::Hold, ImportError> {
-    let closure = base.commit.closure();
+    let closure = commit.closure();
     let hold = store.hold(&closure)?;
     if let Some(missing) = closure
         .iter()
         .find(|o| std::fs::symlink_metadata(store.object_path(o)).is_err())
     {
         return Err(ImportError::Usage(format!(
-            "--pipeline {}: object {} of its commit is not in the store: a lazily mounted \
+            "{flag}: object {} of its commit is not in the store: a lazily mounted \
              model's never read (read its files through the mount first), or a damaged store \
              (tensorfs verify --repair)",
-            base.name,
             missing.id()
         )));
     }

@@ -1539,3 +1539,120 @@ fn a_whole_flux_checkpoint_converts_only_joining_a_stored_flux_pipeline() {
         "a refused import changed the store"
     );
 }
+
+/// `--component NAME=REF` puts a stored model's component in place of the joined pipeline's
+/// own: a VAE file alone stands in for the pipeline's VAE, borrowed as its commit stores it,
+/// while the file's UNet and the pipeline's text encoder stay theirs. A component of another
+/// class or other widths, one the file holds itself, or a name the pipeline lacks is refused,
+/// storing nothing.
+#[test]
+fn a_stored_models_component_stands_in_for_a_joined_pipelines_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let base = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    import_json(&store, &base, "local/base", &[]);
+    let vae = write(tmp.path(), "vae.safetensors", &vae_tensors());
+    import_json(&store, &vae, "local/vae", &[]);
+    let mut wide = Vec::new();
+    ldm_vae("", &[8, 16], 8, 1, &mut wide);
+    let wide = write(tmp.path(), "wide.safetensors", &wide);
+    let report = import_json(&store, &wide, "local/wide", &[]);
+    assert_eq!(
+        report["lanes"][0]["single_file"]["converter"], "vae.single_file",
+        "{report}"
+    );
+    let unet: Vec<(String, Vec<usize>)> = sd1_tensors()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("model.diffusion_model."))
+        .rev()
+        .collect();
+    let unet = write(tmp.path(), "tuned.safetensors", &unet);
+
+    let before = snapshot(&store);
+    for (declared, why) in [
+        (
+            "text_encoder=local/vae",
+            "its vae is of class AutoencoderKL, the pipeline's text_encoder of CLIPTextModel",
+        ),
+        (
+            "vae=local/wide",
+            "its latent_channels is 8, and the pipeline's vae has 4",
+        ),
+        (
+            "unet=local/vae",
+            "the file holds its own unet, which --component unet=local/vae cannot stand in for",
+        ),
+        (
+            "safety_checker=local/vae",
+            "has no component safety_checker",
+        ),
+        ("vae=local/nothing", "local/nothing"),
+        ("vae", "expected NAME=REF"),
+    ] {
+        let args = [
+            "import",
+            unet.to_str().unwrap(),
+            "--name",
+            "local/tuned",
+            "--pipeline",
+            "local/base",
+            "--component",
+            declared,
+        ];
+        let err = fails(&store, &args);
+        assert!(err.contains(why), "--component {declared}: {err}");
+    }
+    assert!(
+        snapshot(&store) == before,
+        "a refused import changed the store"
+    );
+
+    let report = import_json(
+        &store,
+        &unet,
+        "local/tuned",
+        &["--pipeline", "local/base", "--component", "vae=local/vae"],
+    );
+    assert_eq!(
+        report["lanes"][0]["single_file"]["pipeline"], "StableDiffusionPipeline",
+        "{report}"
+    );
+    let export = |name: &str| {
+        let out = tmp.path().join(format!("{}-face", name.replace('/', "-")));
+        ok(
+            &store,
+            &["export", name, out.to_str().unwrap(), "--diffusers"],
+        );
+        out
+    };
+    let (face, base_face, vae_face) = (
+        export("local/tuned"),
+        export("local/base"),
+        export("local/vae"),
+    );
+    let weights = |dir: &Path, file: &str| tensors_of(&dir.join(file));
+    assert_eq!(
+        weights(&face, "vae/diffusion_pytorch_model.safetensors"),
+        weights(&vae_face, "diffusion_pytorch_model.safetensors")
+    );
+    assert_ne!(
+        weights(&face, "vae/diffusion_pytorch_model.safetensors"),
+        weights(&base_face, "vae/diffusion_pytorch_model.safetensors")
+    );
+    assert_eq!(
+        json(&face.join("vae/config.json")),
+        json(&vae_face.join("config.json"))
+    );
+    assert_eq!(
+        weights(&face, "text_encoder/model.safetensors"),
+        weights(&base_face, "text_encoder/model.safetensors")
+    );
+    assert_eq!(
+        weights(&face, "unet/diffusion_pytorch_model.safetensors")["conv_out.weight"],
+        tensors_of(&unet)["model.diffusion_model.out.2.weight"]
+    );
+    assert_eq!(
+        fs::read(face.join("model_index.json")).unwrap(),
+        fs::read(base_face.join("model_index.json")).unwrap()
+    );
+}

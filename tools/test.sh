@@ -35,7 +35,8 @@
 #    components: the file byte for byte, `<lane>@diffusers` loaded by Diffusers equal to the
 #    model it was written from, diffusers' own conversion as oracle, ≤ 2 % added),
 #    tools/e2e/joined_checkpoint_check.py (whole FLUX.1 and SD3-with-T5 checkpoints joined to a stored
-#    pipeline with `import --pipeline`: loaded by Diffusers equal to the model written),
+#    pipeline with `import --pipeline`, and a FluxPipeline composed of separately imported
+#    parts with `--component`: loaded by Diffusers equal to the models written),
 #    tools/e2e/compat_check.py (stores of the reference `tfs` mounted by us; ours verified and
 #    exported by `tfs`);
 # 5. a smoke test of the benchmark command: `tools/bench --quick --no-drop-caches` (64 MiB, one

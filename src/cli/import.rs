@@ -72,6 +72,11 @@ pub struct Args {
     /// The lane of --pipeline's revision, when it has several.
     #[arg(long, value_name = "LANE", requires = "pipeline")]
     pub pipeline_lane: Option<String>,
+    /// A stored model's component in place of --pipeline's component NAME:
+    /// `NAME=org/name[@revision][:LANE]` (a VAE repo as `vae`, a text encoder's folder as
+    /// `text_encoder_2`), of the same class and widths. Repeatable.
+    #[arg(long, value_name = "NAME=REF", requires = "pipeline")]
+    pub component: Vec<String>,
 }
 
 fn parse_hub_id(text: &str) -> Result<HubId, String> {
@@ -154,9 +159,30 @@ fn run_in(store: &Store, args: &Args) -> anyhow::Result<ExitCode> {
         let (_, commit) =
             crate::revisions::resolve_one(store, reference, args.pipeline_lane.as_deref())
                 .with_context(|| format!("--pipeline {reference}"))?;
+        let mut components = Vec::new();
+        for declared in &args.component {
+            let Some((name, from)) = declared
+                .split_once('=')
+                .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+            else {
+                anyhow::bail!("--component {declared}: expected NAME=REF (vae=local/my-vae)");
+            };
+            let (reference, lane) = match from.rsplit_once(':') {
+                Some((r, l)) => (r, Some(l)),
+                None => (from, None),
+            };
+            let (_, commit) = crate::revisions::resolve_one(store, reference, lane)
+                .with_context(|| format!("--component {declared}"))?;
+            components.push(crate::import::LentComponent {
+                name: name.to_owned(),
+                from: from.to_owned(),
+                commit,
+            });
+        }
         config.pipeline = Some(crate::import::PipelineBase {
             name: reference.clone(),
             commit,
+            components,
         });
     }
     let progress = Bar::on_terminal("writing chunks");

@@ -269,14 +269,55 @@ fn compose(
     let mut ours = std::mem::take(&mut built.components);
     // A single-file lane's own component (what Diffusers does not load) is no pipeline's.
     let own = crate::layout::LaneView::single_file_component(header);
+    for lent in &base.components {
+        if base
+            .components
+            .iter()
+            .filter(|l| l.name == lent.name)
+            .count()
+            > 1
+        {
+            return Err(format!("--component {} is given more than once", lent.name));
+        }
+        if header.component(&lent.name).is_none() || Some(lent.name.as_str()) == own {
+            return Err(format!(
+                "its {} has no component {} for --component {}={}",
+                pipeline.class.name, lent.name, lent.name, lent.from
+            ));
+        }
+        if ours.iter().any(|c| c.name == lent.name) {
+            return Err(format!(
+                "the file holds its own {}, which --component {}={} cannot stand in for",
+                lent.name, lent.name, lent.from
+            ));
+        }
+    }
     for theirs in header
         .components
         .iter()
         .filter(|c| Some(c.name.as_str()) != own)
     {
-        let component = match ours.iter().position(|c| c.name == theirs.name) {
-            Some(i) => ours.remove(i),
-            None => ComponentModel {
+        let borrowed = |component: &crate::format::Component, from: &crate::format::Header| {
+            let mut component = component.clone();
+            component.name.clone_from(&theirs.name);
+            ComponentModel {
+                config: component.config.clone(),
+                config_file: component.config_file.clone(),
+                borrowed: Some(Borrowed {
+                    component,
+                    chunks: from.chunks.clone().into(),
+                    encodings: from.encodings.clone().into(),
+                }),
+                ..ComponentModel::empty(&theirs.name, theirs.class.clone())
+            }
+        };
+        let component = match (
+            ours.iter().position(|c| c.name == theirs.name),
+            base.components.iter().find(|l| l.name == theirs.name),
+        ) {
+            (Some(i), _) => ours.remove(i),
+            (None, Some(lent)) => borrowed(stand_in(lent, theirs)?, &lent.commit.header),
+            (None, None) => ComponentModel {
                 config: theirs.config.clone(),
                 config_file: theirs.config_file.clone(),
                 borrowed: Some(Borrowed {
@@ -291,6 +332,63 @@ fn compose(
     }
     built.pipeline = Some(pipeline.clone());
     Ok(())
+}
+
+/// The component of `lent`'s commit that stands in for the pipeline's component `theirs`:
+/// its component of that name, else (a model folder, or a file of a model alone) its one
+/// model; of `theirs`' class, with the values of the class's `interfaces` keys that `theirs`
+/// has.
+///
+/// # Errors
+/// The commit has no such component; it is of another class; an interface value differs.
+fn stand_in<'h>(
+    lent: &'h super::LentComponent,
+    theirs: &crate::format::Component,
+) -> Result<&'h crate::format::Component, String> {
+    let header = &lent.commit.header;
+    let flag = format!("--component {}={}", lent.name, lent.from);
+    let own = crate::layout::LaneView::single_file_component(header);
+    let models: Vec<&crate::format::Component> = header
+        .components
+        .iter()
+        .filter(|c| !c.tensors.is_empty() && Some(c.name.as_str()) != own)
+        .collect();
+    let found = match (header.component(&lent.name), models.as_slice()) {
+        (Some(c), _) => c,
+        (None, [one]) if header.pipeline.is_none() => one,
+        _ => {
+            return Err(format!(
+                "{flag}: {} has no component {}, nor is it one model alone",
+                lent.from, lent.name
+            ))
+        }
+    };
+    if found.class.name != theirs.class.name {
+        return Err(format!(
+            "{flag}: its {} is of class {}, the pipeline's {} of {}",
+            found.name, found.class.name, theirs.name, theirs.class.name
+        ));
+    }
+    for key in table()
+        .interfaces
+        .get(&theirs.class.name)
+        .into_iter()
+        .flatten()
+    {
+        let want = theirs.config.get(key).filter(|v| !v.to_serde().is_null());
+        let (Some(want), got) = (want, found.config.get(key)) else {
+            continue;
+        };
+        if got != Some(want) {
+            return Err(format!(
+                "{flag}: its {key} is {}, and the pipeline's {} has {}",
+                got.map_or("missing".into(), |v| v.to_serde().to_string()),
+                theirs.name,
+                want.to_serde()
+            ));
+        }
+    }
+    Ok(found)
 }
 
 /// Whether a file `converter` converts may join the pipeline of `joined` (`import
@@ -563,8 +661,13 @@ fn fits_joined(
     header: &crate::format::Header,
 ) -> Result<(), String> {
     for (component, key) in converter.joined_keys() {
+        // A value the pipeline leaves null (Diffusers' `out_channels`: the input's) is its
+        // class's default, which it does not state.
         let theirs = header.component(component).and_then(|c| c.config.get(key));
-        let Some(theirs) = theirs.map(crate::format::Value::to_serde) else {
+        let Some(theirs) = theirs
+            .map(crate::format::Value::to_serde)
+            .filter(|v| !v.is_null())
+        else {
             continue;
         };
         let ours = derived.get(component).and_then(|c| c.get(key));

@@ -51,6 +51,8 @@ struct RawTable {
     keymaps: BTreeMap<String, RawKeymap>,
     families: BTreeMap<String, serde_json::Value>,
     markers: Vec<Marker>,
+    #[serde(default)]
+    interfaces: BTreeMap<String, Vec<String>>,
     converters: Vec<Converter>,
 }
 
@@ -270,6 +272,10 @@ pub(crate) struct Table {
     pub families: BTreeMap<String, serde_json::Value>,
     /// Markers, in the table's order.
     markers: Vec<Marker>,
+    /// By model class (`AutoencoderKL`), the config keys whose values a model must share with
+    /// the one it stands in for in a pipeline (`import --component`): the widths by which it
+    /// meets the pipeline's other models (a VAE's latent channels, a text encoder's width).
+    pub interfaces: BTreeMap<String, Vec<String>>,
     /// The converters, in the table's order.
     pub converters: Vec<Converter>,
 }
@@ -413,6 +419,7 @@ fn parse_table(text: &str) -> Result<Table, String> {
         keymaps,
         families: resolve_families(&raw.families)?,
         markers: raw.markers,
+        interfaces: raw.interfaces,
         converters: raw.converters,
     })
 }

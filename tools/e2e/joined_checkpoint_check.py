@@ -29,6 +29,12 @@ tokenizers and scheduler.
    as the pipeline with every tensor the fine-tune's and the folder's tokenizers;
    `from_single_file(<mounted file>, config=<lane>@diffusers)` agrees; one inference step from
    `<lane>@diffusers` equals one from the folder's pipeline with the fine-tune's models put in.
+5. Composes a FluxPipeline from separately imported parts (`--pipeline local/flux --component
+   vae=… --component text_encoder_2=…`): a tuned transformer alone, as ComfyUI's
+   diffusion_models holds one, joined with a tuned VAE saved as a Diffusers model folder and a
+   tuned T5 alone as ComfyUI's text_encoders hold one. `<lane>@diffusers` loads with those
+   three models and the folder's CLIP, tokenizers and scheduler; one inference step equals the
+   folder's pipeline with the three put in.
 
 Prints PASS/FAIL lines and a closing `RESULT:` line; exits 0 only when every check passed.
 """
@@ -316,6 +322,54 @@ def check_mounted(report, kind, mnt, pipe, folder, file, tuned, lane):
     sfc.check_cozytensors(report, kind.name, mounted, "the imported file")
 
 
+def import_composed(report, work, tensorfs, pipe):
+    """Step 5: a tuned FLUX.1 transformer alone (ComfyUI's diffusion_models file), a tuned VAE
+    saved as a Diffusers model folder and a tuned T5 alone (ComfyUI's text_encoders file), each
+    imported on its own, composed with the folder's pipeline; returns the tuned models."""
+    from safetensors.torch import save_file
+
+    tuned = {name: copy.deepcopy(getattr(pipe, name)) for name in ("transformer", "vae", "text_encoder_2")}
+    sfc.perturb(*tuned.values())
+    original = tiny_dit.flux_original(tuned["transformer"])
+    transformer = work / "flux1-transformer.safetensors"
+    save_file({"model.diffusion_model." + k: v.contiguous() for k, v in original.items()}, str(transformer))
+    tuned["vae"].save_pretrained(str(work / "flux-vae"))
+    t5 = work / "t5xxl.safetensors"
+    save_file({k: v.contiguous() for k, v in t5_keys("", tuned["text_encoder_2"]).items()}, str(t5))
+    tensorfs("import", work / "flux-vae", "--name", "local/flux-vae")
+    tensorfs("import", t5, "--name", "local/t5xxl")
+    said = json.loads(tensorfs("import", transformer, "--name", "local/flux-composed", "--pipeline", "local/flux",
+                               "--component", "vae=local/flux-vae", "--component", "text_encoder_2=local/t5xxl",
+                               "--json"))
+    converted = said["lanes"][0].get("single_file") or {}
+    report.check((converted.get("converter"), converted.get("pipeline"))
+                 == ("flux_transformer.single_file", "FluxPipeline") and not said.get("warnings"),
+                 "composed: a transformer alone joins the FluxPipeline with a VAE folder and a T5 file of its own",
+                 str(said))
+    return {name: m.eval() for name, m in tuned.items()}, said["lanes"][0]["lane"]
+
+
+def check_composed(report, mnt, pipe, folder, tuned, lane):
+    """Step 5 on the mount: the composed pipeline's models are the transformer file's, the VAE
+    folder's and the T5 file's, the rest the folder's."""
+    from diffusers import DiffusionPipeline
+
+    kind = KINDS[0]
+    face = mnt / "local" / "flux-composed" / "latest" / f"{lane}@diffusers"
+    loaded = DiffusionPipeline.from_pretrained(str(face), local_files_only=True)
+    want = {name: getattr(pipe, name).state_dict() for name in kind.models}
+    want.update({name: m.state_dict() for name, m in tuned.items()})
+    bad = sfc.same_tensors(want, kind.of(loaded))
+    report.check(not bad, "composed: the transformer, VAE and T5 are the files', CLIP the folder's",
+                 ", ".join(bad[:5]))
+    reference = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)
+    for name, model in tuned.items():
+        setattr(reference, name, model)
+    a, b = kind.step(reference), kind.step(loaded)
+    report.check(a.equal(b), "composed: one inference step equals the folder's with the three models put in",
+                 f"max |Δ| {float((a - b).abs().max()):.3g}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensorfs", required=True, type=Path)
@@ -344,10 +398,13 @@ def main():
     sfc.build_sd1(work / "sd1-folder", work)
     tensorfs("import", work / "sd1-folder", "--name", "local/sd1")
     imported = [(kind, import_kind(report, kind, work, (tensorfs, run), args.tfs)) for kind in KINDS]
+    flux_pipe, flux_folder = imported[0][1][:2]
+    composed, composed_lane = import_composed(report, work, tensorfs, flux_pipe)
     mnt = work / "mnt"
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
         for kind, made in imported:
             check_mounted(report, kind, mnt, *made)
+        check_composed(report, mnt, flux_pipe, flux_folder, composed, composed_lane)
     return report.finish("whole checkpoints with a T5 join a stored pipeline and load exactly")
 
 
