@@ -52,7 +52,9 @@
    `<lane>@diffusers` loads with the class's from_pretrained: every tensor, the derived config
    and one forward pass equal the model's. The transformer's Diffusers model folder has a
    `<lane>@single/model.safetensors` face holding the original file's arrays byte for byte,
-   which diffusers' conversion reads as the model.
+   which diffusers' conversion reads as the model. The same FLUX.1 transformer as fp8
+   checkpoints ship it (every matrix F8_E4M3, the vectors BF16) converts too; its
+   `<lane>@diffusers` loads in BF16 equal to diffusers' conversion of the file, cast the same way.
 6. A model alone joins a stored pipeline (`import --pipeline`): the small SDXL's UNet, tuned
    (every weight moved) and written as ComfyUI keeps a model alone, imported with `--pipeline
    local/sdxl` adds its own size (its tensors padded to 4 KiB: 5 % at most for a model this small)
@@ -957,6 +959,38 @@ def check_model_folder_single(report, mnt, kind, model, file, lane):
                  ", ".join(bad[:5]))
 
 
+def write_fp8_transformer(path):
+    """A small FLUX.1 transformer as fp8 checkpoints ship (flux1-dev-fp8: every matrix
+    F8_E4M3, the vectors BF16), under `model.diffusion_model.`; returns the original arrays."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = tiny_dit.build("flux", seed=13)
+    original = {k: v.to(torch.float8_e4m3fn if v.dim() > 1 else torch.bfloat16).contiguous()
+                for k, v in tiny_dit.flux_original(model).items()}
+    save_file({"model.diffusion_model." + k: v for k, v in original.items()}, str(path))
+    return original
+
+
+def check_fp8_transformer(report, mnt, original, file, lane):
+    """The fp8 file re-created byte for byte, and its `@diffusers` folder loaded in BF16 (as
+    fp8 checkpoints are run) equal to diffusers' conversion of the file, cast the same way."""
+    import diffusers
+    import torch
+
+    base = mnt / "local" / "flux-fp8" / "latest"
+    report.check(common.sha256_file(base / lane / file.name) == common.sha256_file(file),
+                 "flux fp8 alone: the file is re-created byte for byte")
+    face = base / f"{lane}@diffusers"
+    loaded = diffusers.FluxTransformer2DModel.from_pretrained(str(face), local_files_only=True,
+                                                              torch_dtype=torch.bfloat16)
+    width = loaded.config.num_attention_heads * loaded.config.attention_head_dim
+    read = {k: v.to(torch.bfloat16) for k, v in tiny_dit.diffusers_reading("flux", original, width).items()}
+    bad = same_tensors({"m": read}, {"m": loaded.state_dict()})
+    report.check(not bad, "flux fp8 alone: @diffusers loads in BF16 equal to diffusers' conversion of the file",
+                 ", ".join(bad[:5]))
+
+
 def torch_equal(a, b):
     import torch
 
@@ -1095,6 +1129,13 @@ def main():
         report.check(added <= 0.02, f"{kind} alone: the file adds at most 2 % to its Diffusers folder's store",
                      f"{said['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")
         transformers_alone[kind] = (model, file, said["lanes"][0]["lane"], folder_lane)
+    fp8_file = work / "flux1-fp8.safetensors"
+    fp8 = write_fp8_transformer(fp8_file)
+    said = json.loads(tensorfs("import", fp8_file, "--name", "local/flux-fp8", "--json"))
+    converted = said["lanes"][0].get("single_file") or {}
+    report.check(converted.get("converter") == "flux_transformer.single_file" and not said.get("warnings"),
+                 "flux fp8 alone: an F8_E4M3 transformer converts", f"{converted}; warnings: {said.get('warnings')}")
+    fp8_lane = said["lanes"][0]["lane"]
     # A transformer whose widths are not the pipeline's (4 latent channels against its VAE's 16)
     # joins no pipeline: the pipeline would fail at its first step.
     p = subprocess.run([str(args.tensorfs), "--store", str(store), "import", str(work / "sd3_alone.safetensors"),
@@ -1118,6 +1159,7 @@ def main():
         for kind, (model, file, lane, folder_lane) in transformers_alone.items():
             check_transformer_alone(report, mnt, kind, model, file, lane)
             check_model_folder_single(report, mnt, kind, model, file, folder_lane)
+        check_fp8_transformer(report, mnt, fp8, fp8_file, fp8_lane)
     return report.finish("single files convert to Diffusers components that diffusers loads exactly")
 
 
