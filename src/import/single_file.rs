@@ -110,11 +110,9 @@ pub(crate) fn apply(
         .map_or(&[][..], Vec::as_slice);
     let keys: BTreeSet<&str> = c.tensors.iter().map(|t| t.key.as_str()).collect();
     let mut marked = table().marked(&keys, metadata);
-    let dtype = main_dtype(&c.tensors);
     let joined = config.pipeline.as_ref().map(|p| &p.commit.header);
-    let check = |conversion: &Conversion<'_>| {
-        configs(conversion, &c.tensors, &dtype, &marked, joined).map(|_| ())
-    };
+    let check =
+        |conversion: &Conversion<'_>| configs(conversion, &c.tensors, &marked, joined).map(|_| ());
     let conversion = match recognise(table(), &arrays, named, &check).map_err(fail)? {
         Outcome::Unknown => {
             let why = "no converter of fs-layout/single_file.json takes it".to_owned();
@@ -155,6 +153,15 @@ pub(crate) fn apply(
              the model predicts",
             base.name
         )));
+    }
+    // A flow-matching family's scheduler has no prediction type to set.
+    if let (Some(p), Some(why)) = (
+        prediction,
+        family
+            .get("prediction_fixed")
+            .and_then(serde_json::Value::as_str),
+    ) {
+        return Err(fail(format!("--prediction-type {p}: {converter}: {why}")));
     }
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
@@ -405,8 +412,7 @@ fn joinable(
     let Some(ours) = &converter.pipeline else {
         return Ok(());
     };
-    let theirs = joined.map(|h| h.pipeline.as_ref().map(|p| p.class.name.as_str()));
-    match (&converter.needs_pipeline, theirs) {
+    match (&converter.needs_pipeline, joined) {
         (None, None) => Ok(()),
         (None, Some(_)) => Err(format!(
             "{} makes a whole pipeline of its own; only a model alone, or a whole checkpoint \
@@ -416,12 +422,14 @@ fn joinable(
         (Some(why), None) => Err(format!(
             "{why}: it converts joining a stored {ours} (import --pipeline NAME)"
         )),
-        (Some(_), Some(None)) => Err("it is no pipeline".into()),
-        (Some(_), Some(Some(class))) if !converter.pipelines().any(|p| p == class) => Err(format!(
-            "it is a {class}, and {} makes a {ours}",
-            converter.name
-        )),
-        (Some(_), Some(Some(_))) => Ok(()),
+        (Some(_), Some(header)) => match header.pipeline.as_ref().map(|p| &p.class.name) {
+            None => Err("it is no pipeline".into()),
+            Some(class) if !converter.pipelines().any(|p| p == class) => Err(format!(
+                "it is a {class}, and {} makes a {ours}",
+                converter.name
+            )),
+            Some(_) => converter.lends(header),
+        },
     }
 }
 
@@ -511,13 +519,7 @@ fn build(
     let family = &table().families[&converter.family];
     let no_values = serde_json::Map::new();
     let marked_for = |name: &str| marked.get(name).unwrap_or(&no_values);
-    let derived = configs(
-        conversion,
-        &c.tensors,
-        &main_dtype(&c.tensors),
-        marked,
-        joined,
-    )?;
+    let derived = configs(conversion, &c.tensors, marked, joined)?;
     let mut components = Vec::new();
     let mut arrays = BTreeMap::new();
     let mut listed = Vec::new();
@@ -568,15 +570,15 @@ fn build(
     })
 }
 
-/// The config of each component of `conversion` (by name), derived from its tensors (mostly
-/// `dtype`) with the values `marked` sets, and allowed by the converter's `accept`.
+/// The config of each component of `conversion` (by name), derived from its tensors (its
+/// `torch_dtype` the one holding most of its bytes among `arrays`, the file's) with the values
+/// `marked` sets, and allowed by the converter's `accept`.
 ///
 /// # Errors
 /// A config cannot be derived, or a value is not one the converter accepts.
 fn configs(
     conversion: &Conversion<'_>,
     arrays: &[super::scan::SourceTensor],
-    dtype: &str,
     marked: &Marked,
     joined: Option<&crate::format::Header>,
 ) -> Result<BTreeMap<String, serde_json::Map<String, serde_json::Value>>, String> {
@@ -593,13 +595,20 @@ fn configs(
             .chain(&converted.identities)
             .cloned()
             .collect();
+        // Each model's own: a checkpoint's fp8 transformer beside its BF16 text encoders.
+        let dtype = main_dtype(
+            converted
+                .tensors
+                .iter()
+                .filter_map(|r| arrays.get(r.source)),
+        );
         let config = configs::config(
             &rule.class,
             family,
             marked.get(&rule.name).unwrap_or(&no_values),
             &rule.name,
             &tensors,
-            dtype,
+            &dtype,
         )
         .map_err(|why| {
             let why = in_file_terms(&why, converted, arrays);
@@ -607,6 +616,7 @@ fn configs(
         })?;
         derived.insert(rule.name.clone(), config);
     }
+    converter.agrees(&derived)?;
     match joined {
         None => converter.accepts(&derived)?,
         Some(header) => fits_joined(converter, &derived, header)?,
@@ -892,7 +902,7 @@ fn to_config(map: serde_json::Map<String, serde_json::Value>) -> crate::format::
 }
 
 /// The dtype holding the most bytes (its safetensors name).
-fn main_dtype(tensors: &[super::scan::SourceTensor]) -> String {
+fn main_dtype<'a>(tensors: impl IntoIterator<Item = &'a super::scan::SourceTensor>) -> String {
     let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
     for t in tensors {
         *bytes.entry(t.dtype.name().to_owned()).or_default() += t.length;

@@ -134,6 +134,15 @@ pub(crate) struct Converter {
     /// converter does not convert it.
     #[serde(default)]
     pub needs_pipeline: Option<String>,
+    /// For such a converter, the components a joined pipeline must have, since the file has
+    /// none of them (its tokenizers and scheduler).
+    #[serde(default)]
+    borrows: Vec<String>,
+    /// Derived config values the file's models must agree on, so that they fit each other: by
+    /// `component.key`, an expression of other components' values (a FLUX.1 transformer's
+    /// `in_channels` is `4 * vae.latent_channels`, its latents packed 2 × 2).
+    #[serde(default)]
+    agree: BTreeMap<String, String>,
     /// The components, in the pipeline's order.
     pub components: Vec<ComponentRule>,
 }
@@ -190,6 +199,53 @@ impl Converter {
                         shown.join(" or ")
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The components a pipeline this converter's file joins must have (`borrows`), by the
+    /// first it lacks.
+    ///
+    /// # Errors
+    /// The first component of `borrows` that `header` has not.
+    pub(crate) fn lends(&self, header: &crate::format::Header) -> Result<(), String> {
+        match self.borrows.iter().find(|b| header.component(b).is_none()) {
+            None => Ok(()),
+            Some(missing) => Err(format!(
+                "it has no {missing}, which {} takes from it",
+                self.name
+            )),
+        }
+    }
+
+    /// Whether the `derived` configs of a file's models agree as `agree` says, so that the
+    /// models fit each other; a value that is not there, or not an integer, is not checked.
+    ///
+    /// # Errors
+    /// The first value that differs from what its expression makes.
+    pub(crate) fn agrees(
+        &self,
+        derived: &BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<(), String> {
+        let env: HashMap<String, i64> = derived
+            .iter()
+            .flat_map(|(c, config)| {
+                config.iter().filter_map(move |(k, v)| {
+                    let v = v.as_i64().or_else(|| v.as_bool().map(i64::from))?;
+                    Some((format!("{c}.{k}"), v))
+                })
+            })
+            .collect();
+        for (name, text) in &self.agree {
+            let expr = parse_expr(text).map_err(|e| format!("agree {name}: {e}"))?;
+            let (Some(&have), Some(want)) = (env.get(name), expr.eval(&env)) else {
+                continue;
+            };
+            if have != want {
+                return Err(format!(
+                    "its models do not fit each other: {name} is {have}, and {text} is {want}"
+                ));
             }
         }
         Ok(())
@@ -646,7 +702,12 @@ fn atom(t: &[char], at: &mut usize) -> Result<Expr, String> {
         }
         Some(c) if c.is_ascii_alphabetic() => {
             let start = *at;
-            while t.get(*at).is_some_and(char::is_ascii_alphabetic) {
+            // Keymap vars are letters (`i`, `L`); converters' `agree` names config values
+            // (`vae.latent_channels`).
+            while t
+                .get(*at)
+                .is_some_and(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+            {
                 *at += 1;
             }
             Ok(Expr::Name(t[start..*at].iter().collect()))
@@ -1377,6 +1438,9 @@ pub(crate) fn reverse<'t>(
     header: &crate::format::Header,
 ) -> Result<Vec<Reversed<'t>>, String> {
     use crate::format::Value;
+    if super::LaneView::single_file_component(header).is_some() {
+        return Err("it is a single-file checkpoint's lane, whose folder shows the file".into());
+    }
     let Some(pipeline) = header.pipeline.as_ref() else {
         return reverse_model(table, header);
     };

@@ -29,7 +29,10 @@ tokenizers and scheduler.
    as the pipeline with every tensor the fine-tune's and the folder's tokenizers;
    `from_single_file(<mounted file>, config=<lane>@diffusers)` agrees; one inference step from
    `<lane>@diffusers` equals one from the folder's pipeline with the fine-tune's models put in.
-5. Composes a FluxPipeline from separately imported parts (`--pipeline local/flux --component
+5. Refuses, storing nothing, FLUX.1 checkpoints whose models do not fit each other (a T5
+   narrower than the transformer's context) or the pipeline they join (a schnell transformer,
+   without guidance, joining a dev pipeline), and joining a pipeline without a T5 tokenizer.
+6. Composes a FluxPipeline from separately imported parts (`--pipeline local/flux --component
    vae=… --component text_encoder_2=…`): a tuned transformer alone, as ComfyUI's
    diffusion_models holds one, joined with a tuned VAE saved as a Diffusers model folder and a
    tuned T5 alone as ComfyUI's text_encoders hold one. `<lane>@diffusers` loads with those
@@ -260,6 +263,11 @@ def import_kind(report, kind, work, store_cli, tfs):
     report.check(p.returncode != 0 and "takes its scheduler" in p.stderr and tensorfs("ls", "--json") == before,
                  f"{kind.name}: --prediction-type is refused when the joined pipeline's scheduler says it",
                  p.stderr.strip()[-300:])
+    if kind.name == "sd3":
+        p = run("import", file, "--name", f"local/{kind.name}-declared", "--prediction-type", "epsilon")
+        report.check(p.returncode != 0 and "flow matching" in p.stderr and tensorfs("ls", "--json") == before,
+                     "sd3: --prediction-type is refused without a pipeline too: its scheduler has none",
+                     p.stderr.strip()[-300:])
     name = f"local/{kind.name}-tuned"
     said = json.loads(tensorfs("import", file, "--name", name, "--pipeline", f"local/{kind.name}", "--json"))
     converted = said["lanes"][0].get("single_file") or {}
@@ -320,6 +328,41 @@ def check_mounted(report, kind, mnt, pipe, folder, file, tuned, lane):
     report.check(torch.equal(a, b), f"{kind.name}: one inference step from @diffusers equals the folder's with the "
                  "fine-tune", f"max |Δ| {float((a - b).abs().max()):.3g}")
     sfc.check_cozytensors(report, kind.name, mounted, "the imported file")
+
+
+def check_misfits(report, work, store_cli, pipe, folder):
+    """FLUX.1 checkpoints whose models do not fit each other, or the pipeline they join, and a
+    pipeline without the T5 tokenizer the file needs: each refused, storing nothing."""
+    import torch
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+    from safetensors.torch import save_file
+    from transformers import T5Config, T5EncoderModel
+
+    tensorfs, run = store_cli
+    models = {name: getattr(pipe, name) for name in KINDS[0].models}
+    torch.manual_seed(5)
+    narrow_t5 = T5EncoderModel(T5Config(vocab_size=300, d_model=48, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                        feed_forward_proj="gated-gelu"))
+    schnell = FluxTransformer2DModel(**dict(pipe.transformer.config, guidance_embeds=False))
+    untokenized = work / "flux-no-tokenizer-2"
+    FluxPipeline(**{**pipe.components, "tokenizer_2": None}).save_pretrained(untokenized)
+    tensorfs("import", untokenized, "--name", "local/flux-no-tokenizer-2")
+    cases = [
+        ({"text_encoder_2": narrow_t5}, "local/flux",
+         "its models do not fit each other: transformer.joint_attention_dim is 32, and text_encoder_2.d_model is 48",
+         "a T5 narrower than the transformer's context"),
+        ({"transformer": schnell}, "local/flux", "transformer's guidance_embeds is false, and the pipeline's "
+         "transformer has true", "a schnell checkpoint (no guidance) joining a dev pipeline"),
+        ({}, "local/flux-no-tokenizer-2", "it has no tokenizer_2, which flux.single_file takes from it",
+         "a pipeline without a T5 tokenizer"),
+    ]
+    for i, (swapped, base, why, what) in enumerate(cases):
+        file = work / f"flux-misfit-{i}.safetensors"
+        save_file({k: v.contiguous() for k, v in flux_checkpoint({**models, **swapped}).items()}, str(file))
+        before = tensorfs("ls", "--json")
+        p = run("import", file, "--name", f"local/flux-misfit-{i}", "--pipeline", base)
+        report.check(p.returncode != 0 and why in p.stderr and tensorfs("ls", "--json") == before,
+                     f"flux: {what} is refused, storing nothing", p.stderr.strip()[-300:])
 
 
 def import_composed(report, work, tensorfs, pipe):
@@ -399,6 +442,7 @@ def main():
     tensorfs("import", work / "sd1-folder", "--name", "local/sd1")
     imported = [(kind, import_kind(report, kind, work, (tensorfs, run), args.tfs)) for kind in KINDS]
     flux_pipe, flux_folder = imported[0][1][:2]
+    check_misfits(report, work, (tensorfs, run), flux_pipe, flux_folder)
     composed, composed_lane = import_composed(report, work, tensorfs, flux_pipe)
     mnt = work / "mnt"
     with common.Mount(args.tensorfs, store, mnt, work / "mount.log"):
