@@ -64,38 +64,36 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 /// The status of the mount at `mountpoint`, or `{"mountpoint", "problem", "fix"}`.
 pub(super) fn query(mountpoint: &Path) -> Value {
-    let path = mountpoint.to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    // A hung daemon blocks the call: it is left behind, and the process exits without it.
-    std::thread::spawn(move || {
-        let _ = tx.send(getxattr(&path, STATUS));
-    });
     let problem = |problem: String, fix: &str| json!({"mountpoint": mountpoint, "problem": problem, "fix": fix});
-    match rx.recv_timeout(ANSWER_WAIT) {
-        Ok(Ok(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
+    let answer = match getxattr_within(mountpoint, STATUS, ANSWER_WAIT) {
+        Ok(answer) => answer,
+        Err(e) => return problem(format!("asking its daemon: {e}"), "see the daemon's log"),
+    };
+    match answer {
+        Some(Ok(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
             Ok(status) => status,
             Err(e) => problem(
                 format!("its status is not JSON ({e})"),
                 "a daemon of another version: unmount and mount again",
             ),
         },
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => problem(
+        Some(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => problem(
             "stale: its daemon is gone".into(),
             &format!(
                 "tensorfs unmount --lazy {} (then mount again)",
                 mountpoint.display()
             ),
         ),
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::EACCES) => problem(
+        Some(Err(e)) if e.raw_os_error() == Some(libc::EACCES) => problem(
             "another user's mount (without allow_other): its status is theirs to read".into(),
             "run `tensorfs status` as that user",
         ),
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENODATA) => problem(
+        Some(Err(e)) if e.raw_os_error() == Some(libc::ENODATA) => problem(
             "its daemon reports no status (an older version)".into(),
             "unmount and mount again with this version",
         ),
-        Ok(Err(e)) => problem(format!("reading its status: {e}"), "see the daemon's log"),
-        Err(_) => {
+        Some(Err(e)) => problem(format!("reading its status: {e}"), "see the daemon's log"),
+        None => {
             let fix = match crate::fuse::takeover::daemons_of(mountpoint).as_slice() {
                 [(pid, _)] => format!(
                     "see the daemon's log; `kill -9 {pid}` replaces the daemon and keeps the \
@@ -125,25 +123,128 @@ pub(super) fn daemon_pid(mountpoint: &Path) -> Option<u32> {
 }
 
 /// The value of extended attribute `name` of `path`.
-fn getxattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+/// The attribute `name` of `path` (at most 64 KiB, the kernel's `XATTR_SIZE_MAX`), read in a
+/// child process: `None` when no
+/// answer came within `wait`. A daemon that read the question and hangs (stopped
+/// between reading and answering) keeps a FUSE request waiting for its answer even through
+/// SIGKILL, and a process with such a thread cannot end; so the question is asked by a child
+/// whose standard streams are `/dev/null`, left behind on a timeout, and neither this process
+/// nor whoever reads its output waits for it. The child ends once the daemon answers, or the
+/// daemon that replaces it answers the request sent again.
+///
+/// # Errors
+/// The pipe or the child cannot be made.
+fn getxattr_within(
+    path: &Path,
+    name: &str,
+    wait: Duration,
+) -> std::io::Result<Option<std::io::Result<Vec<u8>>>> {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    const MAX: usize = 64 << 10;
     let c_path = CString::new(path.as_os_str().as_bytes())?;
     let c_name = CString::new(name)?;
-    let mut buf = vec![0u8; 64 << 10];
-    // SAFETY: both strings are NUL-terminated and live across the call; `buf` is writable for
-    // its length.
-    let n = unsafe {
-        libc::getxattr(
-            c_path.as_ptr(),
-            c_name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
+    let null = c"/dev/null";
+    // Everything the child touches is made before it is forked: it only makes system calls.
+    let mut buf = vec![0u8; MAX];
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    buf.truncate(n as usize);
-    Ok(buf)
+    // SAFETY: pipe2 made both descriptors, owned from here on.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the child makes system calls only (open, dup2, getxattr, write, _exit) on memory
+    // made before the fork, so no lock another thread held is taken in it.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        // SAFETY: as above; the child never returns from this block.
+        unsafe {
+            let devnull = libc::open(null.as_ptr(), libc::O_RDWR);
+            for fd in 0..3 {
+                libc::dup2(devnull, fd);
+            }
+            let n = libc::getxattr(
+                c_path.as_ptr(),
+                c_name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            );
+            let code: i64 = if n < 0 {
+                -i64::from(*libc::__errno_location())
+            } else {
+                n as i64
+            };
+            let head = code.to_le_bytes();
+            let body = if n > 0 { &buf[..n as usize] } else { &buf[..0] };
+            for part in [&head[..], body] {
+                let mut at = 0;
+                while at < part.len() {
+                    let w = libc::write(
+                        write_end.as_raw_fd(),
+                        part[at..].as_ptr().cast(),
+                        part.len() - at,
+                    );
+                    if w <= 0 {
+                        libc::_exit(1);
+                    }
+                    at += w as usize;
+                }
+            }
+            libc::_exit(0);
+        }
+    }
+    drop(write_end);
+    let deadline = std::time::Instant::now() + wait;
+    let mut file = std::fs::File::from(read_end);
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut poll = libc::pollfd {
+            fd: file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut poll, 1, ms) };
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if ready == 0 {
+            // No answer in time: the child stays behind, reparented when this process ends.
+            return Ok(None);
+        }
+        match file.read(&mut chunk)? {
+            0 => break,
+            n => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+    // SAFETY: waiting for our own child, which has written all and is ending.
+    unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    let Some((head, body)) = got.split_first_chunk::<8>() else {
+        return Ok(Some(Err(std::io::Error::other(
+            "the question's child ended early",
+        ))));
+    };
+    let code = i64::from_le_bytes(*head);
+    Ok(Some(if code < 0 {
+        Err(std::io::Error::from_raw_os_error(
+            i32::try_from(-code).unwrap_or(libc::EIO),
+        ))
+    } else {
+        Ok(body.to_vec())
+    }))
 }
 
 /// A mount's status as lines for a terminal.
