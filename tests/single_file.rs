@@ -1655,4 +1655,14 @@ fn a_stored_models_component_stands_in_for_a_joined_pipelines_own() {
         fs::read(face.join("model_index.json")).unwrap(),
         fs::read(base_face.join("model_index.json")).unwrap()
     );
+    // The lane is a single file itself: it has no other single-file face, and says why.
+    let out = tmp.path().join("single");
+    let err = fails(
+        &store,
+        &["export", "local/tuned", out.to_str().unwrap(), "--single"],
+    );
+    assert!(
+        err.contains("it is a single-file checkpoint's lane, whose folder shows the file"),
+        "{err}"
+    );
 }
