@@ -466,6 +466,42 @@ fn status_names_a_hung_daemon_and_killing_it_replaces_it() {
     ok(&store, &["unmount", mnt.to_str().unwrap()]);
 }
 
+/// `status` ends, and closes its output, even when its daemon hangs after reading the
+/// question: stopped while the question is on its way (one of the daemon's threads may read it
+/// before the stop takes), the request waits in the daemon's hands, through SIGKILL of the
+/// asker. Before, such a `status` could not end, nor could a reader of its output, until the
+/// daemon went on or died. Each round stops the daemon a little later after asking (0 to
+/// 4.5 ms in steps of 30 µs, where the question reaches it here), and lets it go on once
+/// `status` has ended.
+#[test]
+fn status_ends_when_the_daemon_hangs_after_reading_its_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
+    let _cleanup = Cleanup(mnt.clone());
+    let server = pid(&status(&store, &mnt)["server_pid"]);
+    for round in 0..150u64 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (store2, mnt2) = (store.clone(), mnt.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(run(
+                &store2,
+                &["status", mnt2.to_str().unwrap(), "--wait", "0.1"],
+            ));
+        });
+        // Where the question reaches the daemon: a few milliseconds after the start.
+        std::thread::sleep(Duration::from_micros(30 * round));
+        kill(server, libc::SIGSTOP);
+        // Bounded, so that a status that cannot end fails here instead of hanging the suite.
+        let out = rx.recv_timeout(Duration::from_secs(30));
+        kill(server, libc::SIGCONT);
+        let out = out.unwrap_or_else(|_| panic!("round {round}: status did not end"));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains("/mnt"), "round {round}: {said}");
+    }
+    assert_eq!(pid(&status(&store, &mnt)["server_pid"]), server);
+    ok(&store, &["unmount", mnt.to_str().unwrap()]);
+}
+
 /// `unmount` of a mount whose daemon is hung (stopped here) unmounts: it finds the supervisor
 /// to wait for without asking the mount, where a question left waiting kept the mount busy.
 #[test]

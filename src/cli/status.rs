@@ -32,6 +32,17 @@ pub struct Args {
     /// Print each mount's status as JSON (an array of objects).
     #[arg(long)]
     pub json: bool,
+    /// How long to wait for each daemon's answer, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = ANSWER_WAIT.as_secs_f64(),
+          value_parser = parse_wait)]
+    pub wait: f64,
+}
+
+fn parse_wait(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(s),
+        _ => Err(format!("{text:?} is no number of seconds in (0, 3600]")),
+    }
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
@@ -45,7 +56,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         None => session::mounts(),
     };
-    let statuses: Vec<Value> = mounts.iter().map(|m| query(m)).collect();
+    let wait = Duration::from_secs_f64(args.wait);
+    let statuses: Vec<Value> = mounts.iter().map(|m| query_within(m, wait)).collect();
     let all_answered = statuses.iter().all(|s| s.get("problem").is_none());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&statuses)?);
@@ -62,10 +74,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The status of the mount at `mountpoint`, or `{"mountpoint", "problem", "fix"}`.
+/// The status of the mount at `mountpoint`, or `{"mountpoint", "problem", "fix"}`, its daemon
+/// given [`ANSWER_WAIT`] to answer.
 pub(super) fn query(mountpoint: &Path) -> Value {
+    query_within(mountpoint, ANSWER_WAIT)
+}
+
+/// [`query`], its daemon given `wait` to answer.
+fn query_within(mountpoint: &Path, wait: Duration) -> Value {
     let problem = |problem: String, fix: &str| json!({"mountpoint": mountpoint, "problem": problem, "fix": fix});
-    let answer = match getxattr_within(mountpoint, STATUS, ANSWER_WAIT) {
+    let answer = match getxattr_within(mountpoint, STATUS, wait) {
         Ok(answer) => answer,
         Err(e) => return problem(format!("asking its daemon: {e}"), "see the daemon's log"),
     };
@@ -102,10 +120,7 @@ pub(super) fn query(mountpoint: &Path) -> Value {
                 _ => "see the daemon's log; `kill` its pid, then `tensorfs unmount --lazy`".into(),
             };
             problem(
-                format!(
-                    "its daemon did not answer within {} s",
-                    ANSWER_WAIT.as_secs()
-                ),
+                format!("its daemon did not answer within {} s", wait.as_secs_f64()),
                 &fix,
             )
         }
