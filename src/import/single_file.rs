@@ -171,7 +171,7 @@ pub(crate) fn apply(
     };
     decided.map_err(|why| fail(format!("{converter}: {why}")))?;
     if let Some(base) = &config.pipeline {
-        compose(&mut built, base, conversion.converter)
+        compose(&mut built, base)
             .map_err(|why| fail(format!("--pipeline {}: {why}", base.name)))?;
     }
     let prediction_type = marked
@@ -236,20 +236,15 @@ struct Built {
 /// has no offline source for some of its pipeline's, `needs_pipeline`), part of `base`'s
 /// pipeline: the pipeline is `base`'s, the components `base`'s in its order (less a
 /// single-file lane's own), each the file's where the file holds one of that name, else
-/// `base`'s (tokenizers and scheduler among them), borrowed as its commit stores it.
+/// `base`'s (tokenizers and scheduler among them) or the `--component` standing in for it,
+/// borrowed as its commit stores it. Whether the converter may join `base` at all was asked
+/// when its configs were derived ([`joinable`]).
 ///
 /// # Errors
-/// The converter makes a whole pipeline and needs none, or another class of pipeline than
-/// `base`'s; `base` has no pipeline; the pipeline has no component of a converted one's
-/// name, or one of another class.
-fn compose(
-    built: &mut Built,
-    base: &super::PipelineBase,
-    converter: &crate::layout::convert::Converter,
-) -> Result<(), String> {
-    use super::lane::{Borrowed, ComponentModel};
-
-    joinable(converter, Some(&base.commit.header))?;
+/// `base` has no pipeline; the pipeline has no component of a converted one's name, or one of
+/// another class; a `--component` is given twice, names no component of the pipeline or one
+/// the file holds, or does not stand in ([`stand_in`]).
+fn compose(built: &mut Built, base: &super::PipelineBase) -> Result<(), String> {
     let header = &base.commit.header;
     let Some(pipeline) = &header.pipeline else {
         return Err("it is no pipeline".into());
@@ -271,19 +266,12 @@ fn compose(
             Some(_) => {}
         }
     }
-    let chunks: std::sync::Arc<[crate::format::ObjectRef]> = header.chunks.clone().into();
-    let encodings: std::sync::Arc<[crate::format::Encoding]> = header.encodings.clone().into();
     let mut ours = std::mem::take(&mut built.components);
     // A single-file lane's own component (what Diffusers does not load) is no pipeline's.
     let own = crate::layout::LaneView::single_file_component(header);
+    let mut named = BTreeSet::new();
     for lent in &base.components {
-        if base
-            .components
-            .iter()
-            .filter(|l| l.name == lent.name)
-            .count()
-            > 1
-        {
+        if !named.insert(lent.name.as_str()) {
             return Err(format!("--component {} is given more than once", lent.name));
         }
         if header.component(&lent.name).is_none() || Some(lent.name.as_str()) == own {
@@ -304,41 +292,41 @@ fn compose(
         .iter()
         .filter(|c| Some(c.name.as_str()) != own)
     {
-        let borrowed = |component: &crate::format::Component, from: &crate::format::Header| {
-            let mut component = component.clone();
-            component.name.clone_from(&theirs.name);
-            ComponentModel {
-                config: component.config.clone(),
-                config_file: component.config_file.clone(),
-                borrowed: Some(Borrowed {
-                    component,
-                    chunks: from.chunks.clone().into(),
-                    encodings: from.encodings.clone().into(),
-                }),
-                ..ComponentModel::empty(&theirs.name, theirs.class.clone())
-            }
-        };
         let component = match (
             ours.iter().position(|c| c.name == theirs.name),
             base.components.iter().find(|l| l.name == theirs.name),
         ) {
             (Some(i), _) => ours.remove(i),
-            (None, Some(lent)) => borrowed(stand_in(lent, theirs)?, &lent.commit.header),
-            (None, None) => ComponentModel {
-                config: theirs.config.clone(),
-                config_file: theirs.config_file.clone(),
-                borrowed: Some(Borrowed {
-                    component: theirs.clone(),
-                    chunks: chunks.clone(),
-                    encodings: encodings.clone(),
-                }),
-                ..ComponentModel::empty(&theirs.name, theirs.class.clone())
-            },
+            (None, Some(lent)) => borrowed(theirs, stand_in(lent, theirs)?, &lent.commit.header),
+            (None, None) => borrowed(theirs, theirs, header),
         };
         built.components.push(component);
     }
     built.pipeline = Some(pipeline.clone());
     Ok(())
+}
+
+/// The pipeline's component `theirs` as `component` of the commit `from` has it, borrowed:
+/// its entry taken as it is (renamed `theirs`' name), its tensors in `from`'s chunks.
+fn borrowed(
+    theirs: &crate::format::Component,
+    component: &crate::format::Component,
+    from: &crate::format::Header,
+) -> super::lane::ComponentModel {
+    use super::lane::{Borrowed, ComponentModel};
+
+    let mut component = component.clone();
+    component.name.clone_from(&theirs.name);
+    ComponentModel {
+        config: component.config.clone(),
+        config_file: component.config_file.clone(),
+        borrowed: Some(Borrowed {
+            component,
+            chunks: from.chunks.clone().into(),
+            encodings: from.encodings.clone().into(),
+        }),
+        ..ComponentModel::empty(&theirs.name, theirs.class.clone())
+    }
 }
 
 /// The component of `lent`'s commit that stands in for the pipeline's component `theirs`:

@@ -451,6 +451,9 @@ fn parse_table(text: &str) -> Result<Table, String> {
         if !raw.families.contains_key(&c.family) {
             return Err(format!("{}: no family {:?}", c.name, c.family));
         }
+        for (name, text) in &c.agree {
+            parse_expr(text).map_err(|e| format!("{}: agree {name}: {e}", c.name))?;
+        }
         if let Some(r) = c
             .components
             .iter()

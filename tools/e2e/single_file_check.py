@@ -997,6 +997,16 @@ def torch_equal(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+def import_recognised(report, tensorfs, file, repo, converter, what):
+    """Imports `file` as `repo`, checking that `converter` converts it without a warning;
+    returns the import's report."""
+    said = json.loads(tensorfs("import", file, "--name", repo, "--json"))
+    converted = said["lanes"][0].get("single_file") or {}
+    report.check(converted.get("converter") == converter and not said.get("warnings"),
+                 f"{what}: recognised as {converter}", f"{converted}; warnings: {said.get('warnings')}")
+    return said
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensorfs", required=True, type=Path)
@@ -1071,27 +1081,17 @@ def main():
     for family, (converter, _, _) in UNETS_ALONE.items():
         file = work / f"{family}_unet.safetensors"
         unet = write_unet_alone(family, file)
-        said = json.loads(tensorfs("import", file, "--name", f"local/{family}-unet", "--json"))
-        converted = said["lanes"][0].get("single_file") or {}
-        report.check(converted.get("converter") == converter and not said.get("warnings"),
-                     f"{family} UNet alone: recognised as {converter}",
-                     f"{converted}; warnings: {said.get('warnings')}")
+        said = import_recognised(report, tensorfs, file, f"local/{family}-unet", converter, f"{family} UNet alone")
         unets[family] = (unet, file, said["lanes"][0]["lane"])
     encoders = {}
     for name, (converter, _, _, _) in TEXT_ENCODERS_ALONE.items():
         file = work / f"{name}.safetensors"
         model = write_text_encoder_alone(name, file)
-        said = json.loads(tensorfs("import", file, "--name", f"local/{name}-alone", "--json"))
-        converted = said["lanes"][0].get("single_file") or {}
-        report.check(converted.get("converter") == converter and not said.get("warnings"),
-                     f"{name} alone: recognised as {converter}", f"{converted}; warnings: {said.get('warnings')}")
+        said = import_recognised(report, tensorfs, file, f"local/{name}-alone", converter, f"{name} alone")
         encoders[name] = (model, said["lanes"][0]["lane"])
     t5_file = work / "t5xxl.safetensors"
     t5 = write_t5_alone(t5_file)
-    said = json.loads(tensorfs("import", t5_file, "--name", "local/t5-alone", "--json"))
-    converted = said["lanes"][0].get("single_file") or {}
-    report.check(converted.get("converter") == "t5.single_file" and not said.get("warnings"),
-                 "t5 alone: recognised as t5.single_file", f"{converted}; warnings: {said.get('warnings')}")
+    said = import_recognised(report, tensorfs, t5_file, "local/t5-alone", "t5.single_file", "t5 alone")
     t5_lane = said["lanes"][0]["lane"]
     check_fine_tune_shares(report, work, families["sdxl"][0], tensorfs)
     tuned_file = work / "sdxl_tuned_unet.safetensors"
@@ -1121,20 +1121,15 @@ def main():
         model = write_transformer_alone(report, kind, folder, file)
         folder_lane = json.loads(tensorfs("import", folder, "--name", f"local/{kind}-transformer",
                                           "--json"))["lanes"][0]["lane"]
-        said = json.loads(tensorfs("import", file, "--name", f"local/{kind}-alone", "--json"))
-        converted = said["lanes"][0].get("single_file") or {}
-        report.check(converted.get("converter") == converter and not said.get("warnings"),
-                     f"{kind} alone: recognised as {converter}", f"{converted}; warnings: {said.get('warnings')}")
+        said = import_recognised(report, tensorfs, file, f"local/{kind}-alone", converter, f"{kind} alone")
         added = said["new_bytes"] / file.stat().st_size
         report.check(added <= 0.02, f"{kind} alone: the file adds at most 2 % to its Diffusers folder's store",
                      f"{said['new_bytes']} new bytes, {added:.2%} of {file.stat().st_size}")
         transformers_alone[kind] = (model, file, said["lanes"][0]["lane"], folder_lane)
     fp8_file = work / "flux1-fp8.safetensors"
     fp8 = write_fp8_transformer(fp8_file)
-    said = json.loads(tensorfs("import", fp8_file, "--name", "local/flux-fp8", "--json"))
-    converted = said["lanes"][0].get("single_file") or {}
-    report.check(converted.get("converter") == "flux_transformer.single_file" and not said.get("warnings"),
-                 "flux fp8 alone: an F8_E4M3 transformer converts", f"{converted}; warnings: {said.get('warnings')}")
+    said = import_recognised(report, tensorfs, fp8_file, "local/flux-fp8", "flux_transformer.single_file",
+                             "flux fp8 alone (F8_E4M3)")
     fp8_lane = said["lanes"][0]["lane"]
     # A transformer whose widths are not the pipeline's (4 latent channels against its VAE's 16)
     # joins no pipeline: the pipeline would fail at its first step.

@@ -963,6 +963,51 @@ fn a_component_that_makes_identities_has_no_reverse_keymap() {
 }
 
 #[test]
+fn an_agree_expression_that_does_not_parse_is_refused_with_the_table() {
+    let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
+    let flux = raw["converters"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|c| c["name"] == "flux.single_file")
+        .unwrap();
+    flux["agree"]["transformer.in_channels"] = "4 * (vae.latent_channels".into();
+    let Err(err) = parse_table(&raw.to_string()) else {
+        panic!("parsed");
+    };
+    assert!(
+        err.contains("flux.single_file: agree transformer.in_channels"),
+        "{err}"
+    );
+}
+
+#[test]
+fn models_that_do_not_fit_each_other_are_named_by_their_values() {
+    let converter = crate::layout::convert::named("flux.single_file").unwrap();
+    let config = |pairs: &[(&str, i64)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::json!(v)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let mut derived = BTreeMap::from([
+        (
+            "transformer".to_owned(),
+            config(&[("in_channels", 64), ("joint_attention_dim", 32)]),
+        ),
+        ("vae".to_owned(), config(&[("latent_channels", 16)])),
+        ("text_encoder_2".to_owned(), config(&[("d_model", 32)])),
+    ]);
+    assert!(converter.agrees(&derived).is_ok());
+    derived.get_mut("vae").unwrap()["latent_channels"] = 4.into();
+    let err = converter.agrees(&derived).unwrap_err();
+    assert!(
+        err.contains("transformer.in_channels is 64, and 4 * vae.latent_channels is 16"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_pipeline_no_converter_writes_whole_is_a_file_per_component_in_its_alone_layout() {
     let owned = flux_like(56);
     let Outcome::Converted(c) = recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap()
