@@ -774,14 +774,10 @@ impl Store {
             Err(fs::TryLockError::WouldBlock) => return Ok(Swept::Busy),
             Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", &path)(e)),
         }
-        let trash = self.root.join("tmp").join("gc");
-        if let Err(e) = fs::create_dir_all(&trash) {
-            if !is_full(&e) {
-                return Err(io_err("create", &trash)(e));
-            }
-            // A full disk has no block for `tmp/gc/`, and a collection is how it gets one:
-            // checked and removed in place, still under the exclusive fence. Once one object
-            // has gone, the next sweeps through `tmp/gc/` again.
+        // A full disk may have no room for `tmp/gc/` or its entry, and a collection is how it
+        // gets some: checked and removed in place, still under the exclusive fence. Once one
+        // object has gone, the next sweeps through `tmp/gc/` again.
+        let in_place = || {
             let mtime = file
                 .metadata()
                 .and_then(|m| m.modified())
@@ -790,11 +786,22 @@ impl Store {
                 return Ok(Swept::Young);
             }
             fs::remove_file(&path).map_err(io_err("remove", &path))?;
-            return Ok(Swept::Removed);
+            Ok(Swept::Removed)
+        };
+        let trash = self.root.join("tmp").join("gc");
+        if let Err(e) = fs::create_dir_all(&trash) {
+            if !is_full(&e) {
+                return Err(io_err("create", &trash)(e));
+            }
+            return in_place();
         }
         let swept = trash.join(object.sha256.to_string());
-        if fs::rename(&path, &swept).is_err() {
-            return Ok(Swept::Busy);
+        match fs::rename(&path, &swept) {
+            Ok(()) => {}
+            Err(e) if is_full(&e) => return in_place(),
+            // Gone meanwhile: nothing to remove.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Swept::Young),
+            Err(e) => return Err(io_err("rename", &path)(e)),
         }
         let mtime = fs::metadata(&swept)
             .and_then(|m| m.modified())
