@@ -778,6 +778,17 @@ fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
             Box::new(move |t| t.push((format!("{u}label_emb.0.0.weight"), vec![32, 8]))),
             "label_emb.0.0.weight: a UNet with class or added embeddings",
         ),
+        // A checkpoint saved without one of its models names the model it lacks.
+        (
+            "no_vae",
+            Box::new(|t| t.retain(|(k, _)| !k.starts_with("first_stage_model."))),
+            "like a checkpoint of sd1.single_file without its vae (no key starts with",
+        ),
+        (
+            "no_text_encoder",
+            Box::new(|t| t.retain(|(k, _)| !k.starts_with("cond_stage_model."))),
+            "sd1.single_file without its text_encoder (no key starts with",
+        ),
         // The gap names both keys whole.
         (
             "gap_prefix",

@@ -121,7 +121,7 @@ pub(crate) fn apply(
                 _ => unconverted(model, why),
             };
         }
-        Outcome::Unconverted(why) => return unconverted(model, why),
+        Outcome::Unconverted(why) | Outcome::Lacking(why) => return unconverted(model, why),
         Outcome::Converted(c) => c,
     };
     let converter = &conversion.converter.name;

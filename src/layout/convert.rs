@@ -1058,8 +1058,13 @@ pub(crate) struct Conversion<'t> {
 /// What the table makes of a file.
 #[derive(Debug)]
 pub(crate) enum Outcome<'t> {
-    /// No converter's required keys are all there: the file imports as it is.
+    /// No converter's required keys are all there, nor its main model's: the file imports
+    /// as it is.
     Unknown,
+    /// A converter's main model is there (its first required key) but not all it requires,
+    /// as in a checkpoint saved without one of its models (what is missing): the file
+    /// imports as it is.
+    Lacking(String),
     /// The file is this converter's.
     Converted(Conversion<'t>),
     /// A converter's keys are there, but it cannot convert the file (why): it imports as it is.
@@ -1119,7 +1124,7 @@ pub(crate) fn recognise<'t>(
         }
     }
     match (takers.len(), converted.len()) {
-        (0, _) => Ok(Outcome::Unknown),
+        (0, _) => Ok(lacking(table, arrays, &keys).map_or(Outcome::Unknown, Outcome::Lacking)),
         (_, 1) => {
             let mut conversion = converted.pop().expect("one");
             conversion.passed_over = passed_over;
@@ -1138,6 +1143,58 @@ pub(crate) fn recognise<'t>(
             ))
         }
     }
+}
+
+/// The models a file lacks for a whole checkpoint: of the converters whose first required key
+/// (their main model's) is there, those whose other missing required keys each lie under a
+/// model's prefix no key of the file has, missing the fewest models. A file with part of a
+/// model (truncated, or another kind of file) lacks nothing here: it is unknown.
+fn lacking(table: &Table, arrays: &[SourceKey<'_>], keys: &BTreeSet<&str>) -> Option<String> {
+    let mut nearest: Vec<(&Converter, Vec<String>)> = Vec::new();
+    'converters: for c in &table.converters {
+        let base = c.base(arrays);
+        let there = |k: &String| keys.contains(format!("{base}{k}").as_str());
+        if !c.require.first().is_some_and(there) {
+            continue;
+        }
+        let mut absent: Vec<String> = Vec::new();
+        for key in c.require.iter().filter(|k| !there(k)) {
+            let model = c
+                .components
+                .iter()
+                .filter(|r| key.starts_with(r.prefix.as_str()))
+                .max_by_key(|r| r.prefix.len());
+            let Some(model) = model else {
+                continue 'converters;
+            };
+            let prefix = format!("{base}{}", model.prefix);
+            if keys.iter().any(|k| k.starts_with(prefix.as_str())) {
+                continue 'converters;
+            }
+            let said = format!("{} (no key starts with {prefix:?})", model.name);
+            if !absent.contains(&said) {
+                absent.push(said);
+            }
+        }
+        match nearest.first() {
+            _ if absent.is_empty() => continue,
+            Some((_, m)) if m.len() < absent.len() => continue,
+            Some((_, m)) if m.len() > absent.len() => nearest.clear(),
+            _ => {}
+        }
+        nearest.push((c, absent));
+    }
+    if nearest.is_empty() {
+        return None;
+    }
+    let said: Vec<String> = nearest
+        .iter()
+        .map(|(c, absent)| format!("{} without its {}", c.name, absent.join(" and ")))
+        .collect();
+    Some(format!(
+        "it is like a checkpoint of {}; a checkpoint that lacks a model is not converted",
+        said.join(", or of ")
+    ))
 }
 
 fn convert<'t>(

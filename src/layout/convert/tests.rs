@@ -381,6 +381,28 @@ fn a_file_no_converter_knows_is_unknown() {
 }
 
 #[test]
+fn a_checkpoint_without_one_of_its_models_lacks_it_and_a_truncated_model_is_unknown() {
+    let mut owned = sd1_like();
+    owned.retain(|(k, _)| !k.starts_with("first_stage_model."));
+    match recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap() {
+        Outcome::Lacking(why) => assert!(
+            why.contains(
+                "sd1.single_file without its vae (no key starts with \"first_stage_model.\")"
+            ) && !why.contains("sd2"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Part of the VAE is there: no model is missing, the file is no checkpoint's.
+    let mut owned = sd1_like();
+    owned.retain(|(k, _)| k != "first_stage_model.decoder.conv_in.weight");
+    assert!(matches!(
+        recognise(table(), &source(&owned), None, &|_| Ok(())).unwrap(),
+        Outcome::Unknown
+    ));
+}
+
+#[test]
 fn two_matching_converters_are_refused() {
     let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
     let converters = raw["converters"].as_array_mut().unwrap();
