@@ -1412,14 +1412,22 @@ fn row_parts(
 impl Table {
     /// The key, with its component's prefix, that `key` (a Diffusers key of a component of
     /// `rule`'s, whose keys are `keys`) has in the rule's single file, by the rule's reverse
-    /// keymap; `None` without one, or when no rule takes the key to one key.
+    /// keymap, or else the reverse another rule of the same keymap has (a whole FLUX.1
+    /// checkpoint's transformer is written as split files, yet named as its file names it);
+    /// `None` without one, or when no rule takes the key to one key.
     pub(crate) fn file_key(
         &self,
         rule: &ComponentRule,
         keys: &[&str],
         key: &str,
     ) -> Option<String> {
-        let reverse = rule.reverse.as_deref()?;
+        let reverse = rule.reverse.as_deref().or_else(|| {
+            self.converters
+                .iter()
+                .flat_map(|c| &c.components)
+                .filter(|r| r.keymap == rule.keymap)
+                .find_map(|r| r.reverse.as_deref())
+        })?;
         let vars = self.vars(reverse, keys).ok()?;
         let sorted = Prefixes::new(keys.iter().copied());
         let present = |p: &str| sorted.has(p);

@@ -1073,3 +1073,27 @@ fn a_pipeline_no_converter_writes_whole_is_a_file_per_component_in_its_alone_lay
         "{err}"
     );
 }
+
+#[test]
+fn a_whole_checkpoints_component_is_named_in_its_files_keys_by_its_keymaps_reverse() {
+    let whole = named("flux.single_file").unwrap();
+    let rule = &whole.components[0];
+    assert!(
+        rule.reverse.is_none(),
+        "the test needs a rule without its own reverse"
+    );
+    let keys = [
+        "x_embedder.weight",
+        "single_transformer_blocks.0.attn.norm_k.weight",
+    ];
+    assert_eq!(
+        table()
+            .file_key(
+                rule,
+                &keys,
+                "single_transformer_blocks.0.attn.norm_k.weight"
+            )
+            .as_deref(),
+        Some("model.diffusion_model.single_blocks.0.norm.key_norm.scale")
+    );
+}
