@@ -81,15 +81,20 @@ fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
+/// Component folders: name ("" for a Transformers root), the prefix of its files in the
+/// source, and its files; the rest of a source are repo files.
+type Folders = Vec<(String, String, Folder)>;
+
+/// The lane of `source` with `variant` (`None`: files without one): its folders by the
+/// source's kind, their components, a single file converted, and the lane's name.
+///
+/// # Errors
+/// Any malformed file, with its path and what is wrong; flags the source does not take.
 fn lane(
     source: &Source,
     variant: Option<&str>,
     config: &super::ImportConfig,
 ) -> Result<LaneModel, ImportError> {
-    let (converter, prediction) = (
-        config.converter.as_deref(),
-        config.prediction_type.as_deref(),
-    );
     let mut model = LaneModel {
         lane: String::new(),
         pipeline: None,
@@ -101,170 +106,215 @@ fn lane(
         warnings: Vec::new(),
         single_file: None,
     };
-    // Component folder ("" for the root) → its files; the rest are repo files.
-    let mut folders: Vec<(String, String, Folder)> = Vec::new();
-    match source.kind {
-        Kind::Files => {
-            let mut stems: BTreeMap<&str, &str> = BTreeMap::new();
-            for (name, path) in &source.files {
-                let stem = name
-                    .strip_suffix(".safetensors")
-                    .or_else(|| name.strip_suffix(".gguf"))
-                    .expect("scanned as .safetensors or .gguf");
-                if !is_segment(stem) {
-                    return Err(ImportError::source(
-                        path,
-                        "the file name makes no component name",
-                    ));
-                }
-                if let Some(other) = stems.insert(stem, name) {
-                    return Err(ImportError::source(
-                        path,
-                        format!("{other} would also be component {stem:?}; import them apart"),
-                    ));
-                }
-                if scan::is_gguf(name) {
-                    let c = super::gguf::component(&mut model, stem, name, path)?;
-                    model.components.push(c);
-                    continue;
-                }
-                let mut folder = Folder::default();
-                folder.files.insert(name.clone(), path.clone());
-                folders.push((stem.to_owned(), String::new(), folder));
-            }
+    let folders = match source.kind {
+        Kind::Files => loose_files(&mut model, source)?,
+        Kind::Transformers => transformers_folder(&mut model, source),
+        Kind::Diffusers => pipeline_folders(&mut model, source)?,
+    };
+    let converter = config.converter.as_deref();
+    components(&mut model, source.kind, folders, variant, converter)?;
+    single_file(&mut model, source, config)?;
+    resolve_versions(&mut model);
+    model.lane = match variant {
+        Some(v) => lane_label(v),
+        None => lane_label(&main_dtype(&model)),
+    };
+    Ok(model)
+}
+
+/// Loose files: each `.safetensors` file a component named by its stem, each GGUF file a
+/// component read at once.
+///
+/// # Errors
+/// A stem that makes no component name, or two files of one stem.
+fn loose_files(model: &mut LaneModel, source: &Source) -> Result<Folders, ImportError> {
+    let mut folders = Folders::new();
+    let mut stems: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, path) in &source.files {
+        let stem = name
+            .strip_suffix(".safetensors")
+            .or_else(|| name.strip_suffix(".gguf"))
+            .expect("scanned as .safetensors or .gguf");
+        if !is_segment(stem) {
+            return Err(ImportError::source(
+                path,
+                "the file name makes no component name",
+            ));
         }
-        Kind::Transformers => {
-            let mut folder = Folder::default();
-            for (rel, path) in &source.files {
-                if rel.contains('/') {
-                    keep(&mut model, rel, path);
-                } else {
-                    folder.files.insert(rel.clone(), path.clone());
-                }
-            }
-            folders.push((ROOT_COMPONENT.to_owned(), String::new(), folder));
+        if let Some(other) = stems.insert(stem, name) {
+            return Err(ImportError::source(
+                path,
+                format!("{other} would also be component {stem:?}; import them apart"),
+            ));
         }
-        Kind::Diffusers => {
-            let path = &source.files[PIPELINE_FILE];
-            let text = read_text(path)?;
-            let config = parse_config(path, &text)?;
-            let mut listed: Vec<(String, ClassRef)> = Vec::new();
-            for (name, row) in &config {
-                if name.starts_with('_') {
-                    continue;
-                }
-                let Value::Array(row) = row else { continue };
-                if !is_segment(name) || has_control(name) {
-                    return Err(ImportError::source(
-                        path,
-                        format!("component {name:?} cannot be a folder name"),
-                    ));
-                }
-                let class = match row.as_slice() {
-                    [Value::Text(library), Value::Text(class), ..] => ClassRef {
-                        library: library.clone(),
-                        version: String::new(),
-                        name: class.clone(),
-                    },
-                    _ => ClassRef::default(),
-                };
-                listed.push((name.clone(), class));
-            }
-            let class = ClassRef {
-                library: "diffusers".into(),
+        if scan::is_gguf(name) {
+            let c = super::gguf::component(model, stem, name, path)?;
+            model.components.push(c);
+            continue;
+        }
+        let mut folder = Folder::default();
+        folder.files.insert(name.clone(), path.clone());
+        folders.push((stem.to_owned(), String::new(), folder));
+    }
+    Ok(folders)
+}
+
+/// A Transformers folder: its root files one component; files in subfolders are repo files.
+fn transformers_folder(model: &mut LaneModel, source: &Source) -> Folders {
+    let mut folders = Folders::new();
+    let mut folder = Folder::default();
+    for (rel, path) in &source.files {
+        if rel.contains('/') {
+            keep(model, rel, path);
+        } else {
+            folder.files.insert(rel.clone(), path.clone());
+        }
+    }
+    folders.push((ROOT_COMPONENT.to_owned(), String::new(), folder));
+    folders
+}
+
+/// A Diffusers pipeline: `model_index.json` read into `model.pipeline` (and kept as the
+/// recipe's text), then a folder per listed component in its order, then unlisted folders
+/// that hold weights, by name; other files are repo files, and a single file beside the
+/// pipeline is skipped.
+///
+/// # Errors
+/// `model_index.json` is malformed, names a component that cannot be a folder, or lists a
+/// component whose folder is not there.
+fn pipeline_folders(model: &mut LaneModel, source: &Source) -> Result<Folders, ImportError> {
+    let mut folders = Folders::new();
+    let path = &source.files[PIPELINE_FILE];
+    let text = read_text(path)?;
+    let config = parse_config(path, &text)?;
+    let mut listed: Vec<(String, ClassRef)> = Vec::new();
+    for (name, row) in &config {
+        if name.starts_with('_') {
+            continue;
+        }
+        let Value::Array(row) = row else { continue };
+        if !is_segment(name) || has_control(name) {
+            return Err(ImportError::source(
+                path,
+                format!("component {name:?} cannot be a folder name"),
+            ));
+        }
+        let class = match row.as_slice() {
+            [Value::Text(library), Value::Text(class), ..] => ClassRef {
+                library: library.clone(),
                 version: String::new(),
-                name: config
-                    .get("_class_name")
-                    .and_then(Value::as_text)
-                    .unwrap_or_default()
-                    .to_owned(),
+                name: class.clone(),
+            },
+            _ => ClassRef::default(),
+        };
+        listed.push((name.clone(), class));
+    }
+    let class = ClassRef {
+        library: "diffusers".into(),
+        version: String::new(),
+        name: config
+            .get("_class_name")
+            .and_then(Value::as_text)
+            .unwrap_or_default()
+            .to_owned(),
+    };
+    model
+        .recipe
+        .0
+        .insert(PIPELINE_FILE.into(), SourceFile::Text(text));
+    model.pipeline = Some(Pipeline { class, config });
+    // Components in model_index.json's order (its producer's), then unlisted folders
+    // that hold weights, by name.
+    let mut names: Vec<String> = listed.iter().map(|(n, _)| n.clone()).collect();
+    let unlisted: BTreeSet<&str> = source
+        .files
+        .keys()
+        .filter(|p| p.ends_with(".safetensors"))
+        .filter_map(|p| p.split_once('/').map(|(f, _)| f))
+        .filter(|f| !names.iter().any(|n| n == f))
+        .collect();
+    names.extend(unlisted.into_iter().map(str::to_owned));
+    for name in names {
+        let prefix = format!("{name}/");
+        let mut folder = Folder::default();
+        for (rel, path) in source.files.range(prefix.clone()..) {
+            let Some(inner) = rel.strip_prefix(&prefix) else {
+                break;
             };
-            model
-                .recipe
-                .0
-                .insert(PIPELINE_FILE.into(), SourceFile::Text(text));
-            model.pipeline = Some(Pipeline { class, config });
-            // Components in model_index.json's order (its producer's), then unlisted folders
-            // that hold weights, by name.
-            let mut names: Vec<String> = listed.iter().map(|(n, _)| n.clone()).collect();
-            let unlisted: BTreeSet<&str> = source
-                .files
-                .keys()
-                .filter(|p| p.ends_with(".safetensors"))
-                .filter_map(|p| p.split_once('/').map(|(f, _)| f))
-                .filter(|f| !names.iter().any(|n| n == f))
-                .collect();
-            names.extend(unlisted.into_iter().map(str::to_owned));
-            for name in names {
-                let prefix = format!("{name}/");
-                let mut folder = Folder::default();
-                for (rel, path) in source.files.range(prefix.clone()..) {
-                    let Some(inner) = rel.strip_prefix(&prefix) else {
-                        break;
-                    };
-                    folder.files.insert(inner.to_owned(), path.clone());
-                }
-                let class = listed
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, c)| c.clone());
-                // A listed class with no folder is a pipeline Diffusers cannot load.
-                if let Some(class) = class.as_ref().filter(|c| !c.library.is_empty()) {
-                    if folder.files.is_empty() {
-                        return Err(ImportError::source(
-                            path,
-                            format!(
-                                "lists component {name:?} ({} {}), but there is no {name}/ folder",
-                                class.library, class.name
-                            ),
-                        ));
-                    }
-                    if !CONFIGS.iter().any(|f| folder.files.contains_key(*f)) {
-                        model.warnings.push(format!(
-                            "{name}/ has no config file ({}); Diffusers cannot load it as {}",
-                            CONFIGS.join(", "),
-                            class.name
-                        ));
-                    }
-                }
-                folders.push((name.clone(), prefix, folder));
-                if let Some(class) = class {
-                    model.components.push(ComponentModel::empty(&name, class));
-                }
+            folder.files.insert(inner.to_owned(), path.clone());
+        }
+        let class = listed
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| c.clone());
+        // A listed class with no folder is a pipeline Diffusers cannot load.
+        if let Some(class) = class.as_ref().filter(|c| !c.library.is_empty()) {
+            if folder.files.is_empty() {
+                return Err(ImportError::source(
+                    path,
+                    format!(
+                        "lists component {name:?} ({} {}), but there is no {name}/ folder",
+                        class.library, class.name
+                    ),
+                ));
             }
-            for (rel, path) in &source.files {
-                let in_component = rel
-                    .split_once('/')
-                    .is_some_and(|(f, _)| folders.iter().any(|(n, _, _)| n == f));
-                if rel != PIPELINE_FILE && !in_component {
-                    if !rel.contains('/') && rel.ends_with(".safetensors") {
-                        model.skipped.push((
-                            rel.clone(),
-                            "a single-file checkpoint beside the pipeline; import it on its own",
-                        ));
-                    } else {
-                        keep(&mut model, rel, path);
-                    }
-                }
+            if !CONFIGS.iter().any(|f| folder.files.contains_key(*f)) {
+                model.warnings.push(format!(
+                    "{name}/ has no config file ({}); Diffusers cannot load it as {}",
+                    CONFIGS.join(", "),
+                    class.name
+                ));
+            }
+        }
+        folders.push((name.clone(), prefix, folder));
+        if let Some(class) = class {
+            model.components.push(ComponentModel::empty(&name, class));
+        }
+    }
+    for (rel, path) in &source.files {
+        let in_component = rel
+            .split_once('/')
+            .is_some_and(|(f, _)| folders.iter().any(|(n, _, _)| n == f));
+        if rel != PIPELINE_FILE && !in_component {
+            if !rel.contains('/') && rel.ends_with(".safetensors") {
+                model.skipped.push((
+                    rel.clone(),
+                    "a single-file checkpoint beside the pipeline; import it on its own",
+                ));
+            } else {
+                keep(model, rel, path);
             }
         }
     }
-    // `--converter` names a producer convention or a single-file converter.
+    Ok(folders)
+}
+
+/// Fills `model`'s components from `folders`: each read as a component, a pipeline's keeping
+/// the class `model_index.json` lists; loose files' in file name order; listed components with
+/// nothing to store dropped. `converter` is `--converter`, which names a producer convention or
+/// a single-file converter.
+fn components(
+    model: &mut LaneModel,
+    kind: Kind,
+    folders: Folders,
+    variant: Option<&str>,
+    converter: Option<&str>,
+) -> Result<(), ImportError> {
     let convention = converter.filter(|n| super::single_file::named(n).is_none());
     for (name, prefix, folder) in folders {
-        let component = component(&mut model, &name, &prefix, folder, variant, convention)?;
+        let component = component(model, &name, &prefix, folder, variant, convention)?;
         match model.components.iter_mut().find(|c| c.name == name) {
             Some(listed) => {
                 let class = std::mem::take(&mut listed.class);
                 *listed = component;
-                if source.kind == Kind::Diffusers {
+                if kind == Kind::Diffusers {
                     listed.class = class;
                 }
             }
             None => model.components.push(component),
         }
     }
-    if source.kind == Kind::Files {
+    if kind == Kind::Files {
         // Loose files' components in file name order, GGUF files among the others.
         model
             .components
@@ -278,37 +328,40 @@ fn lane(
             && c.config.is_empty()
             && c.config_file.is_none())
     });
+    Ok(())
+}
+
+/// Converts a single file imported alone ([`super::single_file::apply`]); refuses the flags
+/// that only such a file takes (`--converter` of a single-file converter, `--pipeline`,
+/// `--prediction-type`) for anything else.
+fn single_file(
+    model: &mut LaneModel,
+    source: &Source,
+    config: &super::ImportConfig,
+) -> Result<(), ImportError> {
+    let (converter, prediction) = (
+        config.converter.as_deref(),
+        config.prediction_type.as_deref(),
+    );
     let single = source.kind == Kind::Files && source.files.len() == 1;
     match converter.and_then(super::single_file::named) {
-        Some(c) if !single => {
-            return Err(ImportError::Usage(format!(
-                "--converter {}: it converts one single-file checkpoint, imported alone",
-                c.name
-            )))
-        }
-        _ if single => super::single_file::apply(&mut model, config)?,
-        _ if config.pipeline.is_some() => {
-            return Err(ImportError::Usage(
-                "--pipeline joins a single file of a model alone to a pipeline; import the file \
-                 alone"
-                    .into(),
-            ))
-        }
-        _ if prediction.is_some() => {
-            return Err(ImportError::Usage(
-                "--prediction-type declares what a single-file checkpoint predicts; import the \
-                 file alone"
-                    .into(),
-            ))
-        }
-        _ => {}
+        Some(c) if !single => Err(ImportError::Usage(format!(
+            "--converter {}: it converts one single-file checkpoint, imported alone",
+            c.name
+        ))),
+        _ if single => super::single_file::apply(model, config),
+        _ if config.pipeline.is_some() => Err(ImportError::Usage(
+            "--pipeline joins a single file of a model alone to a pipeline; import the file \
+             alone"
+                .into(),
+        )),
+        _ if prediction.is_some() => Err(ImportError::Usage(
+            "--prediction-type declares what a single-file checkpoint predicts; import the \
+             file alone"
+                .into(),
+        )),
+        _ => Ok(()),
     }
-    resolve_versions(&mut model);
-    model.lane = match variant {
-        Some(v) => lane_label(v),
-        None => lane_label(&main_dtype(&model)),
-    };
-    Ok(model)
 }
 
 /// A repo file, unless it is weights the mount cannot serve.
