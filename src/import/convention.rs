@@ -107,46 +107,98 @@ pub(crate) fn recognize(
     arrays: &[SourceTensor],
     read: &ReadArray<'_>,
 ) -> Result<Vec<Item>, String> {
-    let table = table();
-    let by_name: HashMap<&str, usize> = arrays
-        .iter()
-        .enumerate()
-        .map(|(i, a)| (a.key.as_str(), i))
-        .collect();
-    let converter = match cx.converter {
-        Some(name) => Some(
-            table
-                .conventions
-                .iter()
-                .find(|c| c.name == name)
-                .ok_or_else(|| {
-                    let single: Vec<&str> = crate::layout::convert::table()
-                        .converters
-                        .iter()
-                        .map(|c| c.name.as_str())
-                        .collect();
-                    format!(
-                        "--converter {name:?} is neither a producer convention TensorFS knows \
-                         ({}) nor a single-file converter ({})",
-                        names().join(", "),
-                        single.join(", ")
-                    )
-                })?,
-        ),
-        None => None,
+    let converter = named_convention(cx.converter)?;
+    let config_doc = cx.config.get("quantization_config").map(json::from_value);
+    let (declared, mut markers) = declared(cx, arrays, config_doc.as_ref(), converter)?;
+    let module_docs = module_docs(cx, arrays, read, &mut markers)?;
+    let known = Declarations {
+        by_name: arrays
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.key.as_str(), i))
+            .collect(),
+        declared,
+        module_docs,
+        config_doc,
+        converter,
     };
-    let quantization_config = cx.config.get("quantization_config").map(json::from_value);
+    let (encoded, claimed) = encode_modules(cx, arrays, read, &known)?;
+    made_as_declared(&known, arrays, &encoded)?;
+    items(arrays, &markers, &claimed, &encoded)
+}
 
-    // Component-wide declarations: the config, files, marker tensors.
+/// What a component's recognition knows before it reads its modules.
+struct Declarations<'a> {
+    /// Each array's index by key.
+    by_name: HashMap<&'a str, usize>,
+    /// Each convention the component declares, with the document that declared it (a config or
+    /// file; `None` for a marker, whose convention then reads `config_doc`).
+    declared: Vec<Declared>,
+    /// Per module, the conventions its own declaration names, the declaration, and where it
+    /// is (for messages).
+    module_docs: HashMap<String, ModuleDoc>,
+    /// The component config's `quantization_config`.
+    config_doc: Option<Json>,
+    /// The convention `--converter` names.
+    converter: Option<&'static Convention>,
+}
+
+/// A convention declared for the whole component, with the document that declared it.
+type Declared = (&'static Convention, Option<Json>);
+
+/// A module's own declaration: the conventions that read it, the document, and where it is.
+type ModuleDoc = (Vec<&'static Convention>, Json, String);
+
+/// The convention `--converter` names, if it names one.
+///
+/// # Errors
+/// The name is neither a convention nor a single-file converter.
+fn named_convention(name: Option<&str>) -> Result<Option<&'static Convention>, String> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    table()
+        .conventions
+        .iter()
+        .find(|c| c.name == name)
+        .map(Some)
+        .ok_or_else(|| {
+            let single: Vec<&str> = crate::layout::convert::table()
+                .converters
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect();
+            format!(
+                "--converter {name:?} is neither a producer convention TensorFS knows ({}) nor \
+                 a single-file converter ({})",
+                names().join(", "),
+                single.join(", ")
+            )
+        })
+}
+
+/// The conventions declared for the whole component (by its quantization config, its files
+/// and marker arrays; `--converter` keeps only its own, or declares it), and the marker
+/// arrays' indices.
+///
+/// # Errors
+/// A declaration's match cannot be judged.
+fn declared(
+    cx: &Context<'_>,
+    arrays: &[SourceTensor],
+    quantization_config: Option<&Json>,
+    converter: Option<&'static Convention>,
+) -> Result<(Vec<Declared>, BTreeSet<usize>), String> {
+    let table = table();
     // Each declared convention, with the document that declared it (a config or file; `None`
     // for a marker, whose convention then reads the component's quantization config).
-    let mut declared: Vec<(&Convention, Option<Json>)> = Vec::new();
+    let mut declared: Vec<Declared> = Vec::new();
     let mut markers: BTreeSet<usize> = BTreeSet::new();
     for convention in &table.conventions {
         for d in &convention.declared_by {
             match d {
                 Declaration::Config { config } => {
-                    if let Some(q) = &quantization_config {
+                    if let Some(q) = quantization_config {
                         if matches_all(q, config)? {
                             declared.push((convention, Some(q.clone())));
                         }
@@ -179,14 +231,27 @@ pub(crate) fn recognize(
     if let Some(c) = converter {
         declared.retain(|(d, _)| d.name == c.name);
         if declared.is_empty() {
-            let doc = quantization_config.clone();
+            let doc = quantization_config.cloned();
             declared.push((c, doc));
         }
     }
-    let config_doc = quantization_config.clone();
+    Ok((declared, markers))
+}
 
-    // Per-module declarations: ComfyUI's `.comfy_quant` arrays and `_quantization_metadata`
-    // layers, bitsandbytes' quant_state arrays. (module, document, where it is, ComfyUI's?)
+/// Per-module declarations: ComfyUI's `.comfy_quant` arrays and `_quantization_metadata`
+/// layers, bitsandbytes' quant_state arrays, each with the conventions that read it; the
+/// arrays that declare are added to `markers`.
+///
+/// # Errors
+/// A declaration that cannot be read, is not one TensorFS knows, or declares a module twice.
+fn module_docs(
+    cx: &Context<'_>,
+    arrays: &[SourceTensor],
+    read: &ReadArray<'_>,
+    markers: &mut BTreeSet<usize>,
+) -> Result<HashMap<String, ModuleDoc>, String> {
+    let table = table();
+    // (module, document, where it is, ComfyUI's?)
     let mut declarations: Vec<(String, Json, String, bool)> = Vec::new();
     for (i, a) in arrays.iter().enumerate() {
         if let Some(module) = a.key.strip_suffix(".comfy_quant") {
@@ -231,7 +296,7 @@ pub(crate) fn recognize(
             declarations.push((module.clone(), layer.clone(), origin, true));
         }
     }
-    let mut module_docs: HashMap<String, (Vec<&Convention>, Json, String)> = HashMap::new();
+    let mut module_docs: HashMap<String, ModuleDoc> = HashMap::new();
     for (module, doc, origin, comfy) in &declarations {
         if module_docs.contains_key(module) {
             return Err(format!("{origin}: module {module} is declared twice"));
@@ -290,7 +355,21 @@ pub(crate) fn recognize(
         module_docs.insert(module.clone(), (takes, doc.clone(), origin.clone()));
     }
 
-    // Modules: every array that is some convention's anchor.
+    Ok(module_docs)
+}
+
+/// Every module some convention's anchor array names, encoded: the encoded tensors, and which
+/// of them (by index) each array is a part of.
+///
+/// # Errors
+/// A module that cannot be read as declared, a tensor built twice, an array in two tensors.
+fn encode_modules(
+    cx: &Context<'_>,
+    arrays: &[SourceTensor],
+    read: &ReadArray<'_>,
+    known: &Declarations<'_>,
+) -> Result<(Vec<EncodedModel>, HashMap<usize, usize>), String> {
+    let table = table();
     let mut claimed: HashMap<usize, usize> = HashMap::new(); // array → encoded index
     let mut encoded: Vec<EncodedModel> = Vec::new();
     let mut modules_seen: BTreeSet<String> = BTreeSet::new();
@@ -304,18 +383,7 @@ pub(crate) fn recognize(
             {
                 continue;
             }
-            if let Some(model) = module_encoding(
-                cx,
-                module,
-                &anchor.suffix,
-                &by_name,
-                arrays,
-                read,
-                &declared,
-                module_docs.get(module),
-                config_doc.as_ref(),
-                converter,
-            )? {
+            if let Some(model) = module_encoding(cx, module, &anchor.suffix, arrays, read, known)? {
                 let index = encoded.len();
                 if let Some(other) = encoded.iter().find(|e| e.key == model.key) {
                     return Err(format!(
@@ -337,8 +405,19 @@ pub(crate) fn recognize(
             }
         }
     }
-    // A per-module declaration must have made its tensor.
-    for (module, (conventions, _, marker)) in &module_docs {
+    Ok((encoded, claimed))
+}
+
+/// That each per-module declaration made its tensor.
+///
+/// # Errors
+/// A declared module's anchor is missing or of another dtype than its convention stores.
+fn made_as_declared(
+    known: &Declarations<'_>,
+    arrays: &[SourceTensor],
+    encoded: &[EncodedModel],
+) -> Result<(), String> {
+    for (module, (conventions, _, marker)) in &known.module_docs {
         let made = encoded.iter().any(|e| {
             conventions
                 .iter()
@@ -349,7 +428,7 @@ pub(crate) fn recognize(
                 .iter()
                 .map(|c| {
                     let anchor = format!("{module}{}", c.parts[0].suffix);
-                    match by_name.get(anchor.as_str()) {
+                    match known.by_name.get(anchor.as_str()) {
                         Some(&i) => format!(
                             "{anchor} is {}, not {} as {} stores it",
                             arrays[i].dtype,
@@ -366,7 +445,20 @@ pub(crate) fn recognize(
             ));
         }
     }
-    // The key of an encoded tensor may not also be a plain array's.
+    Ok(())
+}
+
+/// The arrays sorted into markers, encoded tensors (once, at their first part) and plain
+/// tensors, in array order.
+///
+/// # Errors
+/// A plain array's key is also an encoded tensor's.
+fn items(
+    arrays: &[SourceTensor],
+    markers: &BTreeSet<usize>,
+    claimed: &HashMap<usize, usize>,
+    encoded: &[EncodedModel],
+) -> Result<Vec<Item>, String> {
     let mut items = Vec::with_capacity(arrays.len());
     let mut emitted = vec![false; encoded.len()];
     for (i, a) in arrays.iter().enumerate() {
@@ -391,20 +483,18 @@ pub(crate) fn recognize(
 }
 
 /// How the module at `module` (its arrays `module + suffix`) is encoded, if it is.
-#[allow(clippy::too_many_arguments)]
 fn module_encoding(
     cx: &Context<'_>,
     module: &str,
     anchor_suffix: &str,
-    by_name: &HashMap<&str, usize>,
     arrays: &[SourceTensor],
     read: &ReadArray<'_>,
-    declared: &[(&Convention, Option<Json>)],
-    module_doc: Option<&(Vec<&Convention>, Json, String)>,
-    config_doc: Option<&Json>,
-    converter: Option<&Convention>,
+    known: &Declarations<'_>,
 ) -> Result<Option<EncodedModel>, String> {
     let table = table();
+    let (by_name, declared) = (&known.by_name, &known.declared);
+    let module_doc = known.module_docs.get(module);
+    let (config_doc, converter) = (known.config_doc.as_ref(), known.converter);
     let present = |c: &Convention, i: usize| {
         by_name
             .get(format!("{module}{}", c.parts[i].suffix).as_str())
