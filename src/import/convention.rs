@@ -656,8 +656,100 @@ fn build(
         columns: None,
     };
 
-    // The logical shape.
-    let shape: Vec<u64> = match &c.shape {
+    let shape = logical_shape(c, module, &parts, arrays, read, marker)?;
+    // The shape an F4 weight part has: the logical one, or the stored view when transposed.
+    let mut f4_shape = shape.clone();
+    if let Some(ShapeRule::TransposedBlocks { .. }) = &c.shape {
+        f4_shape = stored_view(anchor)?;
+    }
+    let lookup = Lookup {
+        columns: shape.last().copied(),
+        ..lookup
+    };
+
+    // The logical dtype: the convention's rule, else the config's, else the component's floats.
+    let dtype = match &c.dtype {
+        Some(expr) => {
+            let v = lookup.eval(expr)?;
+            match &v {
+                Json::Text(t) => {
+                    torch_dtype(t).ok_or(format!("dtype {t:?} is not F32, BF16 or F16"))?
+                }
+                other => return Err(format!("dtype {} is not a name", JsonShow(other))),
+            }
+        }
+        None => logical_dtype(cx, arrays),
+    };
+
+    let rules = candidate_encodings(c, &lookup)?;
+
+    // Parts with their header dtypes and shapes; constants from the documents.
+    let mut models = part_models(&parts, arrays, &f4_shape)?;
+    models.extend(constants(c, &roles, &lookup)?);
+
+    // The first candidate encoding the decoder accepts.
+    let mut refusals = Vec::new();
+    for rule in rules {
+        let (scheme, params) = match encoding(rule, &lookup) {
+            Ok(e) => e,
+            Err(why) => {
+                refusals.push(why);
+                continue;
+            }
+        };
+        match check(&scheme, &params, &dtype, &shape, &models, arrays, read) {
+            Ok(()) => {
+                return Ok(EncodedModel {
+                    key,
+                    dtype,
+                    shape,
+                    scheme,
+                    params,
+                    parts: models,
+                    convention: c.name.clone(),
+                })
+            }
+            Err(why) => refusals.push(why),
+        }
+    }
+    // Name the arrays a missing part would have been.
+    let missing: Vec<String> = c
+        .parts
+        .iter()
+        .filter(|r| {
+            refusals
+                .iter()
+                .any(|w| w.contains(&format!("part {:?} is missing", r.role)))
+        })
+        .map(|r| format!("{module}{}", r.suffix))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} is missing ({})",
+            missing.join(", "),
+            refusals.join("; ")
+        ));
+    }
+    Err(refusals.join("; "))
+}
+
+/// The logical shape of `module`'s tensor by the convention's shape rule (`parts`: the rules
+/// of the parts present, with their arrays; the anchor first): the anchor's (F4 packs two
+/// values a byte), its row bytes in codes, the extents of parts, a part's values, the
+/// transposed blocks' view, or the marker's list.
+///
+/// # Errors
+/// The arrays or documents the rule reads are missing or do not make a shape.
+fn logical_shape(
+    c: &Convention,
+    module: &str,
+    parts: &[(&PartRule, usize)],
+    arrays: &[SourceTensor],
+    read: &ReadArray<'_>,
+    marker: Option<&Json>,
+) -> Result<Vec<u64>, String> {
+    let anchor = &arrays[parts[0].1];
+    Ok(match &c.shape {
         None => {
             let mut s = anchor.shape.clone();
             if parts[0].0.as_dtype.as_deref() == Some("F4") {
@@ -724,32 +816,18 @@ fn build(
                 _ => return Err(format!("marker has no {k} list")),
             }
         }
-    };
-    // The shape an F4 weight part has: the logical one, or the stored view when transposed.
-    let mut f4_shape = shape.clone();
-    if let Some(ShapeRule::TransposedBlocks { .. }) = &c.shape {
-        f4_shape = stored_view(anchor)?;
-    }
-    let lookup = Lookup {
-        columns: shape.last().copied(),
-        ..lookup
-    };
+    })
+}
 
-    // The logical dtype: the convention's rule, else the config's, else the component's floats.
-    let dtype = match &c.dtype {
-        Some(expr) => {
-            let v = lookup.eval(expr)?;
-            match &v {
-                Json::Text(t) => {
-                    torch_dtype(t).ok_or(format!("dtype {t:?} is not F32, BF16 or F16"))?
-                }
-                other => return Err(format!("dtype {} is not a name", JsonShow(other))),
-            }
-        }
-        None => logical_dtype(cx, arrays),
-    };
-
-    // Scheme and params: the first rule whose `when` holds.
+/// The convention's encodings that apply: the first whose `when` holds; where that one has no
+/// `when`, every one without (tried in order, the first the decoder accepts taken).
+///
+/// # Errors
+/// A value `when` reads cannot be looked up, or no encoding applies.
+fn candidate_encodings<'c>(
+    c: &'c Convention,
+    lookup: &Lookup<'_>,
+) -> Result<Vec<&'c EncodingRule>, String> {
     let mut chosen = None;
     for rule in &c.encodings {
         let applies = rule.when.iter().try_fold(true, |ok, (path, values)| {
@@ -765,22 +843,34 @@ fn build(
             break;
         }
     }
-    let rules: Vec<&EncodingRule> = match chosen {
-        Some(r) if r.when.is_empty() => c.encodings.iter().filter(|e| e.when.is_empty()).collect(),
-        Some(r) => vec![r],
-        None => return Err("no encoding of the convention matches the config".into()),
-    };
+    match chosen {
+        Some(r) if r.when.is_empty() => {
+            Ok(c.encodings.iter().filter(|e| e.when.is_empty()).collect())
+        }
+        Some(r) => Ok(vec![r]),
+        None => Err("no encoding of the convention matches the config".into()),
+    }
+}
 
-    // Parts with their header dtypes and shapes; constants from the documents.
+/// The parts of `parts` with the dtype and shape their headers give them: the array's own,
+/// or the rule's `as_dtype` (an F4 part takes `f4_shape`, and must hold exactly its bytes).
+///
+/// # Errors
+/// An array's bytes or bits cannot hold the dtype the rule gives it.
+fn part_models(
+    parts: &[(&PartRule, usize)],
+    arrays: &[SourceTensor],
+    f4_shape: &[u64],
+) -> Result<Vec<PartModel>, String> {
     let mut models: Vec<PartModel> = Vec::new();
-    for (rule, i) in &parts {
+    for (rule, i) in parts {
         let a = &arrays[*i];
         let (dtype, shape) = match rule.as_dtype.as_deref() {
             None => (a.dtype.clone(), a.shape.clone()),
             Some(name) => {
                 let d = Dtype::parse(name).map_err(|e| e.to_string())?;
                 if d == Dtype::F4 {
-                    let shape = &f4_shape;
+                    let shape = f4_shape;
                     let want = d.byte_len(shape).ok().flatten();
                     if want != Some(a.length) {
                         return Err(format!(
@@ -791,7 +881,7 @@ fn build(
                             shape
                         ));
                     }
-                    (d, shape.clone())
+                    (d, shape.to_vec())
                 } else {
                     if a.dtype.bits() != d.bits() {
                         return Err(format!("{} is {}, which cannot hold {d}", a.key, a.dtype));
@@ -807,6 +897,20 @@ fn build(
             source: PartSource::Array(*i),
         });
     }
+    Ok(models)
+}
+
+/// The convention's constant parts (each an F32 scalar from the documents), less those whose
+/// `if_part` role is not among `roles`.
+///
+/// # Errors
+/// A value cannot be looked up, or is no number of the constant's dtype.
+fn constants(
+    c: &Convention,
+    roles: &BTreeSet<&str>,
+    lookup: &Lookup<'_>,
+) -> Result<Vec<PartModel>, String> {
+    let mut models = Vec::new();
     for k in &c.constants {
         if k.if_part
             .as_ref()
@@ -836,50 +940,7 @@ fn build(
         });
     }
 
-    // The first candidate encoding the decoder accepts.
-    let mut refusals = Vec::new();
-    for rule in rules {
-        let (scheme, params) = match encoding(rule, &lookup) {
-            Ok(e) => e,
-            Err(why) => {
-                refusals.push(why);
-                continue;
-            }
-        };
-        match check(&scheme, &params, &dtype, &shape, &models, arrays, read) {
-            Ok(()) => {
-                return Ok(EncodedModel {
-                    key,
-                    dtype,
-                    shape,
-                    scheme,
-                    params,
-                    parts: models,
-                    convention: c.name.clone(),
-                })
-            }
-            Err(why) => refusals.push(why),
-        }
-    }
-    // Name the arrays a missing part would have been.
-    let missing: Vec<String> = c
-        .parts
-        .iter()
-        .filter(|r| {
-            refusals
-                .iter()
-                .any(|w| w.contains(&format!("part {:?} is missing", r.role)))
-        })
-        .map(|r| format!("{module}{}", r.suffix))
-        .collect();
-    if !missing.is_empty() {
-        return Err(format!(
-            "{} is missing ({})",
-            missing.join(", "),
-            refusals.join("; ")
-        ));
-    }
-    Err(refusals.join("; "))
+    Ok(models)
 }
 
 /// The stored view `[lead…, N, K]` of blocks `[lead…, N, K/B, B/2]` of F4 pairs.
