@@ -45,7 +45,6 @@ pub(crate) fn apply(
 ) -> Result<(), super::ImportError> {
     use super::convention::Item;
     use super::ImportError;
-    use crate::layout::recipe::SourceFile;
 
     let prediction = config.prediction_type.as_deref();
     let named = config.converter.as_deref().and_then(named);
@@ -129,40 +128,7 @@ pub(crate) fn apply(
         model.warnings.push(format!("{lane_path}: {why}"));
     }
     let family = &table().families[&conversion.converter.family];
-    // A model alone has no scheduler; only a family whose configs depend on what the model
-    // predicts (an SD 2.x UNet's sample size and attention upcast) takes the flag for one.
-    if let (Some(p), None, None) = (
-        prediction,
-        &conversion.converter.pipeline,
-        family.get("prediction_types"),
-    ) {
-        return Err(fail(format!(
-            "--prediction-type {p}: {converter} makes a model alone, with no scheduler, whose \
-             config does not depend on it"
-        )));
-    }
-    // A whole checkpoint that joins a pipeline takes its scheduler, which says what it predicts.
-    if let (Some(p), Some(_), Some(base), None) = (
-        prediction,
-        &conversion.converter.pipeline,
-        &config.pipeline,
-        family.get("prediction_types"),
-    ) {
-        return Err(fail(format!(
-            "--prediction-type {p}: joining {}, {converter} takes its scheduler, which says what \
-             the model predicts",
-            base.name
-        )));
-    }
-    // A flow-matching family's scheduler has no prediction type to set.
-    if let (Some(p), Some(why)) = (
-        prediction,
-        family
-            .get("prediction_fixed")
-            .and_then(serde_json::Value::as_str),
-    ) {
-        return Err(fail(format!("--prediction-type {p}: {converter}: {why}")));
-    }
+    prediction_flag(prediction, &conversion, family, config).map_err(fail)?;
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
     let mut built = match build(&conversion, c, &path, &marked, joined) {
@@ -179,8 +145,74 @@ pub(crate) fn apply(
         .and_then(|s| s.get("prediction_type"))
         .and_then(serde_json::Value::as_str)
         .map(str::to_owned);
-    // The file's own component keeps what no Diffusers component takes, in data order, under
-    // a name no converted component has (a VAE downloaded as `vae.safetensors`).
+    install(model, &conversion, built, lane_path, prediction_type);
+    Ok(())
+}
+
+/// That `--prediction-type` (`prediction`) fits the conversion: not for a model alone whose
+/// family's configs do not depend on it, nor for a whole checkpoint joining a pipeline (whose
+/// scheduler says), nor for a flow-matching family (`prediction_fixed`).
+///
+/// # Errors
+/// The flag is given where it does not fit, saying why.
+fn prediction_flag(
+    prediction: Option<&str>,
+    conversion: &Conversion<'_>,
+    family: &serde_json::Value,
+    config: &super::ImportConfig,
+) -> Result<(), String> {
+    let converter = &conversion.converter.name;
+    // A model alone has no scheduler; only a family whose configs depend on what the model
+    // predicts (an SD 2.x UNet's sample size and attention upcast) takes the flag for one.
+    if let (Some(p), None, None) = (
+        prediction,
+        &conversion.converter.pipeline,
+        family.get("prediction_types"),
+    ) {
+        return Err(format!(
+            "--prediction-type {p}: {converter} makes a model alone, with no scheduler, whose \
+             config does not depend on it"
+        ));
+    }
+    // A whole checkpoint that joins a pipeline takes its scheduler, which says what it predicts.
+    if let (Some(p), Some(_), Some(base), None) = (
+        prediction,
+        &conversion.converter.pipeline,
+        &config.pipeline,
+        family.get("prediction_types"),
+    ) {
+        return Err(format!(
+            "--prediction-type {p}: joining {}, {converter} takes its scheduler, which says what \
+             the model predicts",
+            base.name
+        ));
+    }
+    // A flow-matching family's scheduler has no prediction type to set.
+    if let (Some(p), Some(why)) = (
+        prediction,
+        family
+            .get("prediction_fixed")
+            .and_then(serde_json::Value::as_str),
+    ) {
+        return Err(format!("--prediction-type {p}: {converter}: {why}"));
+    }
+    Ok(())
+}
+
+/// Puts `built` in `model` in place of its one component: the converted components, then the
+/// file's own, which keeps what no Diffusers component takes (in data order, under a name no
+/// converted component has: a VAE downloaded as `vae.safetensors`); the recipe's file at
+/// `lane_path` made from them all; the pipeline; what the lane's single file is.
+fn install(
+    model: &mut super::lane::LaneModel,
+    conversion: &Conversion<'_>,
+    built: Built,
+    lane_path: String,
+    prediction_type: Option<String>,
+) {
+    use super::convention::Item;
+    use crate::layout::recipe::SourceFile;
+
     let mut own = model.components.pop().expect("one component");
     let kept: Vec<super::scan::SourceTensor> = conversion
         .kept
@@ -220,7 +252,6 @@ pub(crate) fn apply(
     });
     model.components = built.components;
     model.components.push(own);
-    Ok(())
 }
 
 /// What a conversion makes of a file: the Diffusers components (converted, and the
