@@ -789,6 +789,17 @@ fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
             Box::new(|t| t.retain(|(k, _)| !k.starts_with("cond_stage_model."))),
             "sd1.single_file without its text_encoder (no key starts with",
         ),
+        // What it holds is no whole model either: said too.
+        (
+            "gap_and_no_vae",
+            Box::new(move |t| {
+                t.retain(|(k, _)| {
+                    !k.starts_with("first_stage_model.")
+                        && !k.starts_with(&format!("{u}output_blocks.1."))
+                })
+            }),
+            "would not convert either (sd1.single_file: unet: model.diffusion_model.output_blocks.3 is there but not model.diffusion_model.output_blocks.1",
+        ),
         // The gap names both keys whole.
         (
             "gap_prefix",
@@ -1017,6 +1028,71 @@ fn a_unet_alone_is_told_by_its_context_width_and_an_sd2_one_needs_its_prediction
         warnings.contains("not converted")
             && warnings.contains("it holds model.diffusion_model.label_emb.0.0.weight"),
         "{warnings}"
+    );
+}
+
+#[test]
+fn a_checkpoint_lacking_a_model_is_named_by_the_family_its_models_are_of() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    // An SD 2.x-wide UNet (1024-wide context) and a VAE, without the text encoder: SD 1.x's
+    // layout too, but only SD 2.x's UNets are 1024 wide.
+    let mut tensors = unet_tensors(1024, true);
+    ldm_vae("first_stage_model.", &[8, 16], 4, 1, &mut tensors);
+    let file = write(tmp.path(), "sd2_no_text.safetensors", &tensors);
+    let report = import_json(&store, &file, "local/sd2-no-text", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("like a checkpoint of sd2.single_file without its text_encoder"),
+        "{warnings}"
+    );
+    assert!(!warnings.contains("sd1.single_file"), "{warnings}");
+    let out = tmp.path().join("out");
+    ok(
+        &store,
+        &["export", "local/sd2-no-text", out.to_str().unwrap()],
+    );
+    assert_eq!(
+        fs::read(out.join("sd2_no_text.safetensors")).unwrap(),
+        fs::read(&file).unwrap()
+    );
+}
+
+#[test]
+fn a_unet_alone_under_its_checkpoint_prefix_keeps_a_loose_array_in_its_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let mut tensors = unet_tensors(768, true);
+    tensors.push(("alphas_cumprod".into(), vec![1000]));
+    let file = write(tmp.path(), "unet.safetensors", &tensors);
+    let report = import_json(&store, &file, "local/unet", &[]);
+    let said = report.to_string();
+    assert_eq!(
+        report["lanes"][0]["single_file"]["converter"], "sd1_unet.single_file",
+        "{said}"
+    );
+    assert!(!said.contains("not converted"), "{said}");
+    let plain = tmp.path().join("plain");
+    ok(&store, &["export", "local/unet", plain.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(plain.join("unet.safetensors")).unwrap(),
+        fs::read(&file).unwrap()
+    );
+    let face = tmp.path().join("face");
+    ok(
+        &store,
+        &[
+            "export",
+            "local/unet",
+            face.to_str().unwrap(),
+            "--diffusers",
+        ],
+    );
+    let made = tensors_of(&face.join("diffusion_pytorch_model.safetensors"));
+    assert_eq!(
+        made.len(),
+        tensors.len() - 1,
+        "the loose array stays in the file"
     );
 }
 

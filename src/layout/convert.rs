@@ -87,7 +87,7 @@ struct RawKeymap {
 }
 
 /// One converter of the table.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Converter {
     /// Its name, as `--converter` takes it (`sd1.single_file`).
@@ -148,7 +148,7 @@ pub(crate) struct Converter {
 }
 
 /// A key that rules a file out, and why.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Forbidden {
     key: String,
@@ -156,7 +156,7 @@ struct Forbidden {
 }
 
 /// A pipeline class for files whose derived configs have values.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Variant {
     /// Config values by component name.
@@ -167,16 +167,78 @@ struct Variant {
 
 impl Converter {
     /// The prefix before this converter's keys in a file of `arrays`: its `also_under` when
-    /// every key carries it, else none.
-    fn base(&self, arrays: &[SourceKey<'_>]) -> &str {
-        match &self.also_under {
-            Some(p)
-                if !arrays.is_empty() && arrays.iter().all(|a| a.key.starts_with(p.as_str())) =>
-            {
-                p
-            }
-            _ => "",
+    /// some key carries it and every other is loose (under no component prefix of the table's
+    /// checkpoints: `alphas_cumprod` beside a UNet saved under `model.diffusion_model.`, kept
+    /// in the file), else none. A key of a checkpoint's other model (`first_stage_model.`)
+    /// makes the file that checkpoint's, not a model alone.
+    fn base(&self, table: &Table, arrays: &[SourceKey<'_>]) -> &str {
+        let Some(p) = &self.also_under else {
+            return "";
+        };
+        let carried = |a: &SourceKey<'_>| a.key.starts_with(p.as_str());
+        let loose = |a: &SourceKey<'_>| {
+            !table
+                .converters
+                .iter()
+                .flat_map(|c| &c.components)
+                .any(|r| !r.prefix.is_empty() && a.key.starts_with(r.prefix.as_str()))
+        };
+        if arrays.iter().any(carried) && arrays.iter().all(|a| carried(a) || loose(a)) {
+            p
+        } else {
+            ""
         }
+    }
+
+    /// This converter less the components named in `absent`: their required keys, `accept`
+    /// entries and the pipeline (a checkpoint lacking a model makes none), so that what a file
+    /// holds of the checkpoint can be tried alone ([`lacking`]).
+    fn without(&self, absent: &BTreeSet<&str>) -> Converter {
+        let mut reduced = self.clone();
+        let gone = |key: &str| {
+            self.components
+                .iter()
+                .filter(|r| key.starts_with(r.prefix.as_str()))
+                .max_by_key(|r| r.prefix.len())
+                .is_some_and(|r| absent.contains(r.name.as_str()))
+        };
+        reduced.require.retain(|k| !gone(k));
+        reduced
+            .components
+            .retain(|r| !absent.contains(r.name.as_str()));
+        reduced.accept.retain(|c, _| !absent.contains(c.as_str()));
+        (reduced.pipeline, reduced.needs_pipeline) = (None, None);
+        reduced.variants.clear();
+        reduced
+    }
+
+    /// This converter with, added to its `accept`, what the table's converters of a model
+    /// alone of its family accept of the components it shares with them (an SDXL UNet's
+    /// 2048-wide context): what a model of this family is when real-sized. Ranks which
+    /// checkpoint a file lacking a model is like ([`lacking`]); reduced test models fail it.
+    fn as_its_family(&self, table: &Table) -> Converter {
+        let mut strict = self.clone();
+        let alone = table
+            .converters
+            .iter()
+            .filter(|c| c.pipeline.is_none() && c.family == self.family);
+        for c in alone {
+            for (component, keys) in &c.accept {
+                if !self.components.iter().any(|r| r.name == *component) {
+                    continue;
+                }
+                let ours = strict.accept.entry(component.clone()).or_default();
+                for (key, values) in keys {
+                    let allowed = ours.entry(key.clone()).or_default();
+                    for v in values {
+                        if !allowed.contains(v) {
+                            allowed.push(v.clone());
+                        }
+                    }
+                }
+            }
+        }
+        strict
     }
 
     /// Whether components with the `derived` configs are among the models this converter's
@@ -298,7 +360,7 @@ impl Converter {
 }
 
 /// One component of a converter.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ComponentRule {
     /// The Diffusers component name (`unet`).
@@ -1090,7 +1152,7 @@ pub(crate) fn recognise<'t>(
     table: &'t Table,
     arrays: &[SourceKey<'_>],
     named: Option<&'t Converter>,
-    check: &dyn Fn(&Conversion<'t>) -> Result<(), String>,
+    check: &dyn Fn(&Conversion<'_>) -> Result<(), String>,
 ) -> Result<Outcome<'t>, String> {
     let attempt = |c: &'t Converter| convert(table, c, arrays).and_then(|v| check(&v).map(|()| v));
     if let Some(c) = named {
@@ -1103,7 +1165,7 @@ pub(crate) fn recognise<'t>(
         .converters
         .iter()
         .filter(|c| {
-            let base = c.base(arrays);
+            let base = c.base(table, arrays);
             c.require
                 .iter()
                 .all(|k| keys.contains(format!("{base}{k}").as_str()))
@@ -1124,7 +1186,9 @@ pub(crate) fn recognise<'t>(
         }
     }
     match (takers.len(), converted.len()) {
-        (0, _) => Ok(lacking(table, arrays, &keys).map_or(Outcome::Unknown, Outcome::Lacking)),
+        (0, _) => {
+            Ok(lacking(table, arrays, &keys, check).map_or(Outcome::Unknown, Outcome::Lacking))
+        }
         (_, 1) => {
             let mut conversion = converted.pop().expect("one");
             conversion.passed_over = passed_over;
@@ -1145,19 +1209,32 @@ pub(crate) fn recognise<'t>(
     }
 }
 
-/// The models a file lacks for a whole checkpoint: of the converters whose first required key
-/// (their main model's) is there, those whose other missing required keys each lie under a
-/// model's prefix no key of the file has, missing the fewest models. A file with part of a
-/// model (truncated, or another kind of file) lacks nothing here: it is unknown.
-fn lacking(table: &Table, arrays: &[SourceKey<'_>], keys: &BTreeSet<&str>) -> Option<String> {
-    let mut nearest: Vec<(&Converter, Vec<String>)> = Vec::new();
+/// The models a file lacks for a whole checkpoint. Candidates are the converters whose first
+/// required key (their main model's) is there and whose other missing required keys each lie
+/// under a model's prefix that no key of the file has. Each is tried on what the file holds
+/// (the converter [`without`](Converter::without) those models, with `check`). Named are those
+/// that convert it (of them, those that also convert it as their family's real-sized models,
+/// [`Converter::as_its_family`], if any), missing the fewest models; or else, when none
+/// converts it, those missing the fewest, with why what the file holds does not convert
+/// either. A file with part of every model (truncated, or another kind of file) lacks nothing
+/// here: it is unknown.
+fn lacking(
+    table: &Table,
+    arrays: &[SourceKey<'_>],
+    keys: &BTreeSet<&str>,
+    check: &dyn Fn(&Conversion<'_>) -> Result<(), String>,
+) -> Option<String> {
+    // (converter, its absent models as said, whether what is there converts (or why not),
+    // whether it also converts as its family's real-sized models)
+    let mut candidates: Vec<(&Converter, Vec<String>, Result<(), String>, bool)> = Vec::new();
     'converters: for c in &table.converters {
-        let base = c.base(arrays);
+        let base = c.base(table, arrays);
         let there = |k: &String| keys.contains(format!("{base}{k}").as_str());
         if !c.require.first().is_some_and(there) {
             continue;
         }
-        let mut absent: Vec<String> = Vec::new();
+        let mut absent: BTreeSet<&str> = BTreeSet::new();
+        let mut said: Vec<String> = Vec::new();
         for key in c.require.iter().filter(|k| !there(k)) {
             let model = c
                 .components
@@ -1171,30 +1248,47 @@ fn lacking(table: &Table, arrays: &[SourceKey<'_>], keys: &BTreeSet<&str>) -> Op
             if keys.iter().any(|k| k.starts_with(prefix.as_str())) {
                 continue 'converters;
             }
-            let said = format!("{} (no key starts with {prefix:?})", model.name);
-            if !absent.contains(&said) {
-                absent.push(said);
+            if absent.insert(model.name.as_str()) {
+                said.push(format!("{} (no key starts with {prefix:?})", model.name));
             }
         }
-        match nearest.first() {
-            _ if absent.is_empty() => continue,
-            Some((_, m)) if m.len() < absent.len() => continue,
-            Some((_, m)) if m.len() > absent.len() => nearest.clear(),
-            _ => {}
+        if absent.is_empty() {
+            continue;
         }
-        nearest.push((c, absent));
+        let reduced = c.without(&absent);
+        let tried = |c: &Converter| convert(table, c, arrays).and_then(|v| check(&v));
+        let converts = tried(&reduced);
+        let real = converts.is_ok() && tried(&reduced.as_its_family(table)).is_ok();
+        candidates.push((c, said, converts, real));
     }
-    if nearest.is_empty() {
-        return None;
+    // Those that convert what is there, of them those whose models are their family's, then
+    // those missing the fewest models.
+    let converting = candidates.iter().any(|(_, _, r, _)| r.is_ok());
+    candidates.retain(|(_, _, r, _)| r.is_ok() == converting);
+    if candidates.iter().any(|(_, _, _, real)| *real) {
+        candidates.retain(|(_, _, _, real)| *real);
     }
-    let said: Vec<String> = nearest
+    let fewest = candidates.iter().map(|(_, said, _, _)| said.len()).min()?;
+    candidates.retain(|(_, said, _, _)| said.len() == fewest);
+    let like: Vec<String> = candidates
         .iter()
-        .map(|(c, absent)| format!("{} without its {}", c.name, absent.join(" and ")))
+        .map(|(c, said, _, _)| format!("{} without its {}", c.name, said.join(" and ")))
         .collect();
-    Some(format!(
+    let mut why = format!(
         "it is like a checkpoint of {}; a checkpoint that lacks a model is not converted",
-        said.join(", or of ")
-    ))
+        like.join(", or of ")
+    );
+    if !converting {
+        let not: Vec<String> = candidates
+            .iter()
+            .filter_map(|(c, _, r, _)| r.as_ref().err().map(|e| format!("{}: {e}", c.name)))
+            .collect();
+        why.push_str(&format!(
+            ", and what it holds would not convert either ({})",
+            not.join("; ")
+        ));
+    }
+    Some(why)
 }
 
 fn convert<'t>(
@@ -1202,7 +1296,7 @@ fn convert<'t>(
     converter: &'t Converter,
     arrays: &[SourceKey<'_>],
 ) -> Result<Conversion<'t>, String> {
-    let base = converter.base(arrays);
+    let base = converter.base(table, arrays);
     if let Some(f) = converter.forbid.iter().find(|f| {
         arrays
             .iter()
