@@ -1224,9 +1224,15 @@ fn lacking(
     keys: &BTreeSet<&str>,
     check: &dyn Fn(&Conversion<'_>) -> Result<(), String>,
 ) -> Option<String> {
-    // (converter, its absent models as said, whether what is there converts (or why not),
-    // whether it also converts as its family's real-sized models)
-    let mut candidates: Vec<(&Converter, Vec<String>, Result<(), String>, bool)> = Vec::new();
+    /// A converter, its absent models as said, whether what is there converts (or why not),
+    /// and whether it also converts as its family's real-sized models.
+    struct Candidate<'c> {
+        converter: &'c Converter,
+        said: Vec<String>,
+        converts: Result<(), String>,
+        real: bool,
+    }
+    let mut candidates: Vec<Candidate<'_>> = Vec::new();
     'converters: for c in &table.converters {
         let base = c.base(table, arrays);
         let there = |k: &String| keys.contains(format!("{base}{k}").as_str());
@@ -1259,20 +1265,28 @@ fn lacking(
         let tried = |c: &Converter| convert(table, c, arrays).and_then(|v| check(&v));
         let converts = tried(&reduced);
         let real = converts.is_ok() && tried(&reduced.as_its_family(table)).is_ok();
-        candidates.push((c, said, converts, real));
+        candidates.push(Candidate {
+            converter: c,
+            said,
+            converts,
+            real,
+        });
     }
     // Those that convert what is there, of them those whose models are their family's, then
     // those missing the fewest models.
-    let converting = candidates.iter().any(|(_, _, r, _)| r.is_ok());
-    candidates.retain(|(_, _, r, _)| r.is_ok() == converting);
-    if candidates.iter().any(|(_, _, _, real)| *real) {
-        candidates.retain(|(_, _, _, real)| *real);
+    let converting = candidates.iter().any(|c| c.converts.is_ok());
+    candidates.retain(|c| c.converts.is_ok() == converting);
+    if candidates.iter().any(|c| c.real) {
+        candidates.retain(|c| c.real);
     }
-    let fewest = candidates.iter().map(|(_, said, _, _)| said.len()).min()?;
-    candidates.retain(|(_, said, _, _)| said.len() == fewest);
+    let fewest = candidates.iter().map(|c| c.said.len()).min()?;
+    candidates.retain(|c| c.said.len() == fewest);
     let like: Vec<String> = candidates
         .iter()
-        .map(|(c, said, _, _)| format!("{} without its {}", c.name, said.join(" and ")))
+        .map(|c| {
+            let said = c.said.join(" and ");
+            format!("{} without its {said}", c.converter.name)
+        })
         .collect();
     let mut why = format!(
         "it is like a checkpoint of {}; a checkpoint that lacks a model is not converted",
@@ -1281,7 +1295,10 @@ fn lacking(
     if !converting {
         let not: Vec<String> = candidates
             .iter()
-            .filter_map(|(c, _, r, _)| r.as_ref().err().map(|e| format!("{}: {e}", c.name)))
+            .filter_map(|c| {
+                let why = c.converts.as_ref().err()?;
+                Some(format!("{}: {why}", c.converter.name))
+            })
             .collect();
         why.push_str(&format!(
             ", and what it holds would not convert either ({})",
