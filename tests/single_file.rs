@@ -828,6 +828,15 @@ fn files_a_converter_cannot_take_import_as_they_are_naming_why() {
             fs::read(&file).unwrap(),
             "{name}"
         );
+        let face = tmp.path().join(format!("{name}-face"));
+        let err = fails(
+            &store,
+            &["export", &repo, face.to_str().unwrap(), "--diffusers"],
+        );
+        assert!(
+            err.contains("has no Diffusers face") && err.contains("says why in its warning"),
+            "{name}: {err}"
+        );
     }
 }
 
@@ -1659,7 +1668,7 @@ fn a_stored_models_component_stands_in_for_a_joined_pipelines_own() {
     for (declared, why) in [
         (
             "text_encoder=local/vae",
-            "its vae is of class AutoencoderKL, the pipeline's text_encoder of CLIPTextModel",
+            "its vae has class AutoencoderKL, the pipeline's text_encoder has class CLIPTextModel",
         ),
         (
             "vae=local/wide",
@@ -1752,4 +1761,28 @@ fn a_stored_models_component_stands_in_for_a_joined_pipelines_own() {
         err.contains("it is a single-file checkpoint's lane, whose folder shows the file"),
         "{err}"
     );
+}
+
+#[test]
+fn a_producer_convention_declared_for_a_file_with_nothing_quantized_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let file = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    let err = fails(
+        &store,
+        &[
+            "import",
+            file.to_str().unwrap(),
+            "--name",
+            "local/sd1",
+            "--converter",
+            "gptq",
+        ],
+    );
+    assert!(
+        err.contains("--converter gptq: no array of the source is stored as gptq stores one"),
+        "{err}"
+    );
+    let listed = ok(&store, &["ls"]);
+    assert!(!listed.contains("local/sd1"), "nothing stored: {listed}");
 }

@@ -58,8 +58,9 @@ pub fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         _ if args.single => Face::Single,
         (true, _) => Face::Decoded,
         (false, true) if !LaneView::is_single_file(&commit.header) => bail!(
-            "{} lane {} was not imported from a single-file checkpoint, so it has no Diffusers \
-             face; export it without --diffusers",
+            "{} lane {} has no Diffusers face: it is not a single-file checkpoint converted to \
+             Diffusers components when it was imported (a folder is one already; a file the \
+             import did not convert says why in its warning); export it without --diffusers",
             args.reference,
             target.lane
         ),

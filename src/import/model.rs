@@ -328,6 +328,16 @@ fn components(
             && c.config.is_empty()
             && c.config_file.is_none())
     });
+    // A convention that reads nothing of the source was declared for something else.
+    if let Some(name) = convention {
+        let encoded = |c: &ComponentModel| c.items.iter().any(|i| matches!(i, Item::Encoded(_)));
+        if !model.components.iter().any(encoded) {
+            return Err(ImportError::Usage(format!(
+                "--converter {name}: no array of the source is stored as {name} stores one; \
+                 without quantized arrays there is nothing for a producer convention to read"
+            )));
+        }
+    }
     Ok(())
 }
 

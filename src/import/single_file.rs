@@ -390,9 +390,16 @@ fn stand_in<'h>(
         }
     };
     if found.class.name != theirs.class.name {
+        let class = |name: &str| match name {
+            "" => "no class (it is a file, not a model TensorFS converted)".to_owned(),
+            name => format!("class {name}"),
+        };
         return Err(format!(
-            "{flag}: its {} is of class {}, the pipeline's {} of {}",
-            found.name, found.class.name, theirs.name, theirs.class.name
+            "{flag}: its {} has {}, the pipeline's {} has {}",
+            found.name,
+            class(&found.class.name),
+            theirs.name,
+            class(&theirs.class.name)
         ));
     }
     for key in table()

@@ -1734,7 +1734,10 @@ fn reverse_model<'t>(
         }
     }
     Err(match tried.is_empty() {
-        true => format!("no converter of a {} alone", model.class.name),
+        true => format!(
+            "no converter writes a {} alone back to a single file",
+            model.class.name
+        ),
         false => tried.join("; "),
     })
 }
@@ -1772,7 +1775,10 @@ fn reverse_alone<'t>(
         match found {
             Some(file) => files.push(file),
             None if tried.is_empty() => {
-                return Err(format!("no converter of a {} alone", c.class.name))
+                return Err(format!(
+                    "no converter writes a {} alone back to a single file",
+                    c.class.name
+                ))
             }
             None => return Err(tried.join("; ")),
         }

@@ -1069,7 +1069,7 @@ fn a_pipeline_no_converter_writes_whole_is_a_file_per_component_in_its_alone_lay
     with_unet.components.push(unet);
     let err = reverse(table(), &with_unet).unwrap_err();
     assert!(
-        err.contains("no converter of a UNet2DConditionModel alone"),
+        err.contains("no converter writes a UNet2DConditionModel alone back to a single file"),
         "{err}"
     );
 }
