@@ -1786,3 +1786,42 @@ fn a_producer_convention_declared_for_a_file_with_nothing_quantized_is_refused()
     let listed = ok(&store, &["ls"]);
     assert!(!listed.contains("local/sd1"), "nothing stored: {listed}");
 }
+
+#[test]
+fn megabytes_no_diffusers_component_takes_are_noted_and_stay_in_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let mut tensors = sd1_tensors();
+    // Another checkpoint's text encoder beside SD 1.x's models (keys of two families).
+    tensors.push((
+        "conditioner.embedders.1.model.token_embedding.weight".into(),
+        vec![1024, 512],
+    ));
+    let file = write(tmp.path(), "two.safetensors", &tensors);
+    let report = import_json(&store, &file, "local/two", &[]);
+    assert_eq!(
+        report["lanes"][0]["single_file"]["converter"],
+        "sd1.single_file"
+    );
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("(2.0 MiB, under alphas_cumprod, cond_stage_model, conditioner)")
+            && warnings.contains("stay in the file only"),
+        "{warnings}"
+    );
+    let out = tmp.path().join("out");
+    ok(&store, &["export", "local/two", out.to_str().unwrap()]);
+    assert_eq!(
+        fs::read(out.join("two.safetensors")).unwrap(),
+        fs::read(&file).unwrap()
+    );
+    // The kept arrays of a plain SD 1.x file (alphas_cumprod, position ids) are not noted.
+    let plain = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    let report = import_json(&store, &plain, "local/sd1", &[]);
+    assert!(
+        !report["warnings"]
+            .to_string()
+            .contains("stay in the file only"),
+        "{report}"
+    );
+}

@@ -17,6 +17,9 @@ mod tests;
 /// The `__metadata__` key in which producers say what a model predicts (ModelSpec).
 const PREDICTION_METADATA: &str = "modelspec.prediction_type";
 
+/// From how many bytes the arrays a conversion leaves in the file alone are noted.
+const KEPT_NOTED_BYTES: u64 = 1 << 20;
+
 /// The values to declare with `--prediction-type` (Diffusers' scheduler `prediction_type`).
 pub const PREDICTION_TYPES: [&str; 2] = ["epsilon", "v_prediction"];
 
@@ -219,6 +222,25 @@ fn install(
         .iter()
         .map(|&i| own.tensors[i].clone())
         .collect();
+    // Buffers and position ids are small; megabytes left out of the face (EMA weights,
+    // another checkpoint's text encoder) are worth a word.
+    let left: u64 = kept.iter().map(|t| t.length).sum();
+    if left >= KEPT_NOTED_BYTES {
+        let mut under: Vec<&str> = Vec::new();
+        for t in &kept {
+            let first = t.key.split('.').next().unwrap_or(&t.key);
+            if under.len() < 3 && !under.contains(&first) {
+                under.push(first);
+            }
+        }
+        model.warnings.push(format!(
+            "{lane_path}: {} arrays ({:.1} MiB, under {}) that no Diffusers component takes stay \
+             in the file only; the @diffusers face leaves them out",
+            kept.len(),
+            left as f64 / f64::from(1 << 20),
+            under.join(", ")
+        ));
+    }
     own.items = (0..kept.len()).map(Item::Plain).collect();
     own.tensors = kept;
     let taken = |name: &str| built.components.iter().any(|m| m.name == name);
