@@ -176,14 +176,7 @@ impl Converter {
             return "";
         };
         let carried = |a: &SourceKey<'_>| a.key.starts_with(p.as_str());
-        let loose = |a: &SourceKey<'_>| {
-            !table
-                .converters
-                .iter()
-                .flat_map(|c| &c.components)
-                .any(|r| !r.prefix.is_empty() && a.key.starts_with(r.prefix.as_str()))
-        };
-        if arrays.iter().any(carried) && arrays.iter().all(|a| carried(a) || loose(a)) {
+        if arrays.iter().any(carried) && arrays.iter().all(|a| carried(a) || table.loose(a.key)) {
             p
         } else {
             ""
@@ -1314,6 +1307,21 @@ fn convert<'t>(
     arrays: &[SourceKey<'_>],
 ) -> Result<Conversion<'t>, String> {
     let base = converter.base(table, arrays);
+    // Some keys under the checkpoint prefix, but not read under it: another model's key beside.
+    if let Some(p) = converter.also_under.as_deref().filter(|_| base.is_empty()) {
+        if arrays.iter().any(|a| a.key.starts_with(p)) {
+            let other = arrays
+                .iter()
+                .find(|a| !a.key.starts_with(p) && !table.loose(a.key));
+            if let Some(other) = other {
+                return Err(format!(
+                    "keys carry the checkpoint prefix {p:?}, and {} carries another model's; a \
+                     model alone under its checkpoint prefix holds no other model's arrays",
+                    other.key
+                ));
+            }
+        }
+    }
     if let Some(f) = converter.forbid.iter().find(|f| {
         arrays
             .iter()
@@ -1521,6 +1529,16 @@ fn row_parts(
 }
 
 impl Table {
+    /// Whether `key` lies under no component prefix of the table's checkpoints (a buffer such
+    /// as `alphas_cumprod`, not a model's array).
+    fn loose(&self, key: &str) -> bool {
+        !self
+            .converters
+            .iter()
+            .flat_map(|c| &c.components)
+            .any(|r| !r.prefix.is_empty() && key.starts_with(r.prefix.as_str()))
+    }
+
     /// The key, with its component's prefix, that `key` (a Diffusers key of a component of
     /// `rule`'s, whose keys are `keys`) has in the rule's single file, by the rule's reverse
     /// keymap, or else the reverse another rule of the same keymap has (a whole FLUX.1

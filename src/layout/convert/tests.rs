@@ -1097,3 +1097,23 @@ fn a_whole_checkpoints_component_is_named_in_its_files_keys_by_its_keymaps_rever
         Some("model.diffusion_model.single_blocks.0.norm.key_norm.scale")
     );
 }
+
+#[test]
+fn a_model_alone_named_for_a_file_with_another_models_array_says_which() {
+    let mut owned = sd1_like();
+    owned.retain(|(k, _)| {
+        k.starts_with("model.diffusion_model.") || k == "first_stage_model.decoder.conv_in.weight"
+    });
+    owned.push(("alphas_cumprod".to_owned(), vec![1000]));
+    let err = recognise(
+        table(),
+        &source(&owned),
+        named("sd1_unet.single_file"),
+        &|_| Ok(()),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("first_stage_model.decoder.conv_in.weight carries another model's"),
+        "{err}"
+    );
+}
