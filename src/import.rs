@@ -389,8 +389,13 @@ pub fn import(
             warnings.push(format!("the hub identity {hub} was not recorded: {e}"));
         }
     }
+    // Names fold case: a repo that exists keeps the spelling it was made with.
+    let name = match store.repo(name) {
+        Ok(Some(repo)) => repo.name,
+        _ => name.to_owned(),
+    };
     Ok(ImportReport {
-        name: name.to_owned(),
+        name,
         lanes: reports,
         skipped: skipped.into_iter().collect(),
         warnings,

@@ -93,6 +93,35 @@ fn the_same_bytes_from_another_path_give_the_same_ids() {
 }
 
 #[test]
+fn an_import_into_a_repo_named_in_other_case_reports_the_repos_own_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    transformers_folder(&model);
+    let store = dir.path().join("store");
+    ok(
+        &store,
+        &["import", model.to_str().unwrap(), "--name", "local/Mini"],
+    );
+    let again = ok(
+        &store,
+        &[
+            "import",
+            model.to_str().unwrap(),
+            "--name",
+            "local/MINI",
+            "--json",
+        ],
+    );
+    let report: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(report["name"], "local/Mini");
+    let plain = ok(
+        &store,
+        &["import", model.to_str().unwrap(), "--name", "local/mini"],
+    );
+    assert!(plain.contains("imported local/Mini@"), "{plain}");
+}
+
+#[test]
 fn an_sft_file_imports_as_the_safetensors_file_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let weights = safetensors_file(
