@@ -1825,3 +1825,30 @@ fn megabytes_no_diffusers_component_takes_are_noted_and_stay_in_the_file() {
         "{report}"
     );
 }
+
+#[test]
+fn a_prediction_type_in_the_files_metadata_the_table_does_not_know_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let tensors = sd1_tensors();
+    let data: Vec<Vec<u8>> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, (_, shape))| floats(shape.iter().product(), i as u32))
+        .collect();
+    let views: Vec<T> = tensors
+        .iter()
+        .zip(&data)
+        .map(|((n, shape), d)| T(n, Dtype::F32, shape.clone(), d.clone()))
+        .collect();
+    let file = tmp.path().join("flow.safetensors");
+    let said = [("modelspec.prediction_type", "flow")];
+    fs::write(&file, safetensors_file(&views, Some(&said))).unwrap();
+    let report = import_json(&store, &file, "local/flow", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains(r#"modelspec.prediction_type \"flow\" is none the table knows"#)
+            && warnings.contains("default is used"),
+        "{warnings}"
+    );
+}

@@ -132,6 +132,12 @@ pub(crate) fn apply(
     }
     let family = &table().families[&conversion.converter.family];
     prediction_flag(prediction, &conversion, family, config).map_err(fail)?;
+    // A value of the file's own that no marker reads leaves the family's default in force.
+    let unread = metadata
+        .iter()
+        .find(|(k, _)| k == PREDICTION_METADATA)
+        .filter(|_| prediction.is_none() && !marked_prediction(&marked))
+        .map(|(_, v)| v.clone());
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
     let mut built = match build(&conversion, c, &path, &marked, joined) {
@@ -139,6 +145,13 @@ pub(crate) fn apply(
         Err(why) => return unconverted(model, format!("{converter}: {why}")),
     };
     decided.map_err(|why| fail(format!("{converter}: {why}")))?;
+    if let Some(v) = unread {
+        let used = marked_prediction(&marked).then_some("its family's default is used");
+        model.warnings.push(format!(
+            "{lane_path}: its {PREDICTION_METADATA} {v:?} is none the table knows; {}",
+            used.unwrap_or("its scheduler's own default is used")
+        ));
+    }
     if let Some(base) = &config.pipeline {
         compose(&mut built, base)
             .map_err(|why| fail(format!("--pipeline {}: {why}", base.name)))?;
@@ -493,6 +506,13 @@ type Marked = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 /// # Errors
 /// The family needs a prediction type and none is marked or declared, or the one given is
 /// not among the family's.
+/// Whether `marked` sets the scheduler's `prediction_type`.
+fn marked_prediction(marked: &Marked) -> bool {
+    marked
+        .get("scheduler")
+        .is_some_and(|s| s.contains_key("prediction_type"))
+}
+
 fn decide(
     family: &serde_json::Value,
     marked: &mut Marked,
