@@ -1065,6 +1065,32 @@ fn a_checkpoint_lacking_a_model_is_named_by_the_family_its_models_are_of() {
         fs::read(out.join("sd2_no_text.safetensors")).unwrap(),
         fs::read(&file).unwrap()
     );
+    // An SD 1.x-wide UNet with one stray key of SD 1.x's text encoder lacks no model of its
+    // own family's checkpoint: not said to be an SD 2.x one lacking its text encoder.
+    let mut tensors = unet_tensors(768, true);
+    ldm_vae("first_stage_model.", &[8, 16], 4, 1, &mut tensors);
+    tensors.push((
+        "cond_stage_model.transformer.text_model.final_layer_norm.weight".into(),
+        vec![64],
+    ));
+    let file = write(tmp.path(), "sd1_stray.safetensors", &tensors);
+    let report = import_json(&store, &file, "local/sd1-stray", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(!warnings.contains("like a checkpoint"), "{warnings}");
+    // Converters whose forbid rules the file out are not named.
+    let mut tensors = sd1_tensors();
+    tensors.retain(|(k, _)| !k.starts_with("cond_stage_model."));
+    tensors.push((
+        "model.diffusion_model.label_emb.0.0.weight".into(),
+        vec![32, 8],
+    ));
+    let file = write(tmp.path(), "labelled.safetensors", &tensors);
+    let report = import_json(&store, &file, "local/labelled", &[]);
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("like a checkpoint of sdxl") && !warnings.contains("sd1.single_file"),
+        "{warnings}"
+    );
 }
 
 #[test]
@@ -1780,11 +1806,39 @@ fn a_producer_convention_declared_for_a_file_with_nothing_quantized_is_refused()
         ],
     );
     assert!(
-        err.contains("--converter gptq: no array of the source is stored as gptq stores one"),
+        err.contains("--converter gptq: no array of the source is read as gptq stores one"),
         "{err}"
     );
     let listed = ok(&store, &["ls"]);
     assert!(!listed.contains("local/sd1"), "nothing stored: {listed}");
+    // Quantized arrays that declare their own convention (ComfyUI's `.comfy_quant`) are not
+    // read as the one named either.
+    let declared = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/conventions/comfy_quant_float8/model.safetensors");
+    let err = fails(
+        &store,
+        &[
+            "import",
+            declared.to_str().unwrap(),
+            "--name",
+            "local/declared",
+            "--converter",
+            "gptq",
+        ],
+    );
+    assert!(
+        err.contains("or they declare another convention themselves"),
+        "{err}"
+    );
+    ok(
+        &store,
+        &[
+            "import",
+            declared.to_str().unwrap(),
+            "--name",
+            "local/declared",
+        ],
+    );
 }
 
 #[test]
@@ -1805,7 +1859,7 @@ fn megabytes_no_diffusers_component_takes_are_noted_and_stay_in_the_file() {
     );
     let warnings = report["warnings"].to_string();
     assert!(
-        warnings.contains("(2.0 MiB, under alphas_cumprod, cond_stage_model, conditioner)")
+        warnings.contains("3 arrays (2.0 MiB; the most under conditioner.* 2.0 MiB)")
             && warnings.contains("stay in the file only"),
         "{warnings}"
     );
@@ -1830,25 +1884,32 @@ fn megabytes_no_diffusers_component_takes_are_noted_and_stay_in_the_file() {
 fn a_prediction_type_in_the_files_metadata_the_table_does_not_know_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
-    let tensors = sd1_tensors();
-    let data: Vec<Vec<u8>> = tensors
-        .iter()
-        .enumerate()
-        .map(|(i, (_, shape))| floats(shape.iter().product(), i as u32))
-        .collect();
-    let views: Vec<T> = tensors
-        .iter()
-        .zip(&data)
-        .map(|((n, shape), d)| T(n, Dtype::F32, shape.clone(), d.clone()))
-        .collect();
-    let file = tmp.path().join("flow.safetensors");
-    let said = [("modelspec.prediction_type", "flow")];
-    fs::write(&file, safetensors_file(&views, Some(&said))).unwrap();
-    let report = import_json(&store, &file, "local/flow", &[]);
-    let warnings = report["warnings"].to_string();
+    let import = |name: &str, tensors: Vec<(String, Vec<usize>)>| {
+        let data: Vec<Vec<u8>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, (_, shape))| floats(shape.iter().product(), i as u32))
+            .collect();
+        let views: Vec<T> = tensors
+            .iter()
+            .zip(&data)
+            .map(|((n, shape), d)| T(n, Dtype::F32, shape.clone(), d.clone()))
+            .collect();
+        let file = tmp.path().join(format!("{name}.safetensors"));
+        let said = [("modelspec.prediction_type", "flow")];
+        fs::write(&file, safetensors_file(&views, Some(&said))).unwrap();
+        let report = import_json(&store, &file, &format!("local/{name}"), &[]);
+        report["warnings"].to_string()
+    };
+    let warnings = import("flow", sd1_tensors());
     assert!(
         warnings.contains(r#"modelspec.prediction_type \"flow\" is none the table knows"#)
             && warnings.contains("default is used"),
+        "{warnings}"
+    );
+    let warnings = import("unet", unet_tensors(768, false));
+    assert!(
+        warnings.contains("is none the table knows; a model alone has no scheduler"),
         "{warnings}"
     );
 }

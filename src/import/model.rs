@@ -328,13 +328,18 @@ fn components(
             && c.config.is_empty()
             && c.config_file.is_none())
     });
-    // A convention that reads nothing of the source was declared for something else.
+    // A convention that reads nothing of the source (a plain file, or one whose arrays declare
+    // another convention themselves) was declared for something else.
     if let Some(name) = convention {
-        let encoded = |c: &ComponentModel| c.items.iter().any(|i| matches!(i, Item::Encoded(_)));
+        let encoded = |c: &ComponentModel| {
+            c.items
+                .iter()
+                .any(|i| matches!(i, Item::Encoded(e) if e.convention == name))
+        };
         if !model.components.iter().any(encoded) {
             return Err(ImportError::Usage(format!(
-                "--converter {name}: no array of the source is stored as {name} stores one; \
-                 without quantized arrays there is nothing for a producer convention to read"
+                "--converter {name}: no array of the source is read as {name} stores one (it \
+                 has no quantized arrays, or they declare another convention themselves)"
             )));
         }
     }

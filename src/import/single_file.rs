@@ -136,7 +136,7 @@ pub(crate) fn apply(
     let unread = metadata
         .iter()
         .find(|(k, _)| k == PREDICTION_METADATA)
-        .filter(|_| prediction.is_none() && !marked_prediction(&marked))
+        .filter(|_| prediction.is_none() && marked_prediction(&marked).is_none())
         .map(|(_, v)| v.clone());
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
@@ -146,10 +146,13 @@ pub(crate) fn apply(
     };
     decided.map_err(|why| fail(format!("{converter}: {why}")))?;
     if let Some(v) = unread {
-        let used = marked_prediction(&marked).then_some("its family's default is used");
+        let used = match (&conversion.converter.pipeline, marked_prediction(&marked)) {
+            (None, _) => "a model alone has no scheduler it would set".to_owned(),
+            (Some(_), Some(p)) => format!("its family's default, {p}, is used"),
+            (Some(_), None) => "its scheduler's own default is used".to_owned(),
+        };
         model.warnings.push(format!(
-            "{lane_path}: its {PREDICTION_METADATA} {v:?} is none the table knows; {}",
-            used.unwrap_or("its scheduler's own default is used")
+            "{lane_path}: its {PREDICTION_METADATA} {v:?} is none the table knows; {used}"
         ));
     }
     if let Some(base) = &config.pipeline {
@@ -239,18 +242,30 @@ fn install(
     // another checkpoint's text encoder) are worth a word.
     let left: u64 = kept.iter().map(|t| t.length).sum();
     if left >= KEPT_NOTED_BYTES {
-        let mut under: Vec<&str> = Vec::new();
+        // The largest groups by first key segment (`model_ema`), not the many small buffers.
+        let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
         for t in &kept {
-            let first = t.key.split('.').next().unwrap_or(&t.key);
-            if under.len() < 3 && !under.contains(&first) {
-                under.push(first);
-            }
+            *groups
+                .entry(t.key.split('.').next().unwrap_or(&t.key))
+                .or_default() += t.length;
         }
+        let mut groups: Vec<(&str, u64)> = groups.into_iter().collect();
+        groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20));
+        let under: Vec<String> = groups
+            .iter()
+            .take(3)
+            .filter(|(_, bytes)| *bytes >= left / 10)
+            .map(|(group, bytes)| format!("{group}.* {}", mib(*bytes)))
+            .collect();
+        let arrays = match kept.len() {
+            1 => "1 array".to_owned(),
+            n => format!("{n} arrays"),
+        };
         model.warnings.push(format!(
-            "{lane_path}: {} arrays ({:.1} MiB, under {}) that no Diffusers component takes stay \
-             in the file only; the @diffusers face leaves them out",
-            kept.len(),
-            left as f64 / f64::from(1 << 20),
+            "{lane_path}: {arrays} ({}; the most under {}) that no Diffusers component takes \
+             stay in the file only; the @diffusers face leaves them out",
+            mib(left),
             under.join(", ")
         ));
     }
@@ -497,6 +512,14 @@ fn joinable(
 /// Config values by component, as markers and declarations set them.
 type Marked = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 
+/// The scheduler's `prediction_type` that `marked` sets, if it sets one.
+fn marked_prediction(marked: &Marked) -> Option<&str> {
+    marked
+        .get("scheduler")
+        .and_then(|s| s.get("prediction_type"))
+        .and_then(serde_json::Value::as_str)
+}
+
 /// Adds what the user declared to `marked` (the file's markers' values): `prediction` sets
 /// the scheduler's `prediction_type`, over a marker's. A family whose files do not say what
 /// they predict (SD 2.x: 512-base models predict noise, 768-v ones velocity) lists each
@@ -506,13 +529,6 @@ type Marked = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 /// # Errors
 /// The family needs a prediction type and none is marked or declared, or the one given is
 /// not among the family's.
-/// Whether `marked` sets the scheduler's `prediction_type`.
-fn marked_prediction(marked: &Marked) -> bool {
-    marked
-        .get("scheduler")
-        .is_some_and(|s| s.contains_key("prediction_type"))
-}
-
 fn decide(
     family: &serde_json::Value,
     marked: &mut Marked,

@@ -205,35 +205,6 @@ impl Converter {
         reduced
     }
 
-    /// This converter with, added to its `accept`, what the table's converters of a model
-    /// alone of its family accept of the components it shares with them (an SDXL UNet's
-    /// 2048-wide context): what a model of this family is when real-sized. Ranks which
-    /// checkpoint a file lacking a model is like ([`lacking`]); reduced test models fail it.
-    fn as_its_family(&self, table: &Table) -> Converter {
-        let mut strict = self.clone();
-        let alone = table
-            .converters
-            .iter()
-            .filter(|c| c.pipeline.is_none() && c.family == self.family);
-        for c in alone {
-            for (component, keys) in &c.accept {
-                if !self.components.iter().any(|r| r.name == *component) {
-                    continue;
-                }
-                let ours = strict.accept.entry(component.clone()).or_default();
-                for (key, values) in keys {
-                    let allowed = ours.entry(key.clone()).or_default();
-                    for v in values {
-                        if !allowed.contains(v) {
-                            allowed.push(v.clone());
-                        }
-                    }
-                }
-            }
-        }
-        strict
-    }
-
     /// Whether components with the `derived` configs are among the models this converter's
     /// pipelines build (`accept`).
     ///
@@ -1203,33 +1174,56 @@ pub(crate) fn recognise<'t>(
 }
 
 /// The models a file lacks for a whole checkpoint. Candidates are the converters whose first
-/// required key (their main model's) is there and whose other missing required keys each lie
-/// under a model's prefix that no key of the file has. Each is tried on what the file holds
-/// (the converter [`without`](Converter::without) those models, with `check`). Named are those
-/// that convert it (of them, those that also convert it as their family's real-sized models,
-/// [`Converter::as_its_family`], if any), missing the fewest models; or else, when none
-/// converts it, those missing the fewest, with why what the file holds does not convert
-/// either. A file with part of every model (truncated, or another kind of file) lacks nothing
-/// here: it is unknown.
+/// required key (their main model's) is there, that forbid no key the file holds, and whose
+/// other missing required keys each lie under a model's prefix that no key of the file has.
+/// Where a converter of a model alone takes the file's main model (told by its width, as an
+/// SDXL UNet by its 2048-wide context), only candidates of that converter's family stay. Each
+/// is tried on what the file holds (the converter [`without`](Converter::without) those
+/// models, with `check`): named are those that convert it, missing the fewest models; or else,
+/// when none does, those missing the fewest, with why. A file with part of every model
+/// (truncated, or another kind of file), or whose main model's family has no candidate,
+/// lacks nothing here: it is unknown.
 fn lacking(
     table: &Table,
     arrays: &[SourceKey<'_>],
     keys: &BTreeSet<&str>,
     check: &dyn Fn(&Conversion<'_>) -> Result<(), String>,
 ) -> Option<String> {
-    /// A converter, its absent models as said, whether what is there converts (or why not),
-    /// and whether it also converts as its family's real-sized models.
+    /// A converter, its absent models as said, and whether what is there converts (or why
+    /// not).
     struct Candidate<'c> {
         converter: &'c Converter,
         said: Vec<String>,
         converts: Result<(), String>,
-        real: bool,
     }
+    let tried =
+        |c: &Converter, arrays: &[SourceKey<'_>]| convert(table, c, arrays).and_then(|v| check(&v));
+    // The families whose converters of a model alone take the main model (`unet`) as it is
+    // under their checkpoint prefix.
+    let families_of = |main: &str| -> BTreeSet<&str> {
+        let alone = table.converters.iter().filter(|a| {
+            a.pipeline.is_none() && matches!(a.components.as_slice(), [r] if r.name == main)
+        });
+        alone
+            .filter_map(|a| {
+                let p = a.also_under.as_deref()?;
+                let part: Vec<SourceKey<'_>> = arrays
+                    .iter()
+                    .filter(|x| x.key.starts_with(p))
+                    .copied()
+                    .collect();
+                (!part.is_empty() && tried(a, &part).is_ok()).then_some(a.family.as_str())
+            })
+            .collect()
+    };
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
     'converters: for c in &table.converters {
         let base = c.base(table, arrays);
         let there = |k: &String| keys.contains(format!("{base}{k}").as_str());
-        if !c.require.first().is_some_and(there) {
+        let Some(main) = c.require.first().filter(|k| there(k)) else {
+            continue;
+        };
+        if c.forbid.iter().any(|f| there(&f.key)) {
             continue;
         }
         let mut absent: BTreeSet<&str> = BTreeSet::new();
@@ -1254,24 +1248,24 @@ fn lacking(
         if absent.is_empty() {
             continue;
         }
-        let reduced = c.without(&absent);
-        let tried = |c: &Converter| convert(table, c, arrays).and_then(|v| check(&v));
-        let converts = tried(&reduced);
-        let real = converts.is_ok() && tried(&reduced.as_its_family(table)).is_ok();
+        let main_model = c
+            .components
+            .iter()
+            .filter(|r| main.starts_with(r.prefix.as_str()))
+            .max_by_key(|r| r.prefix.len())
+            .map_or("", |r| r.name.as_str());
+        let families = families_of(main_model);
+        if !families.is_empty() && !families.contains(c.family.as_str()) {
+            continue;
+        }
         candidates.push(Candidate {
             converter: c,
             said,
-            converts,
-            real,
+            converts: tried(&c.without(&absent), arrays),
         });
     }
-    // Those that convert what is there, of them those whose models are their family's, then
-    // those missing the fewest models.
     let converting = candidates.iter().any(|c| c.converts.is_ok());
     candidates.retain(|c| c.converts.is_ok() == converting);
-    if candidates.iter().any(|c| c.real) {
-        candidates.retain(|c| c.real);
-    }
     let fewest = candidates.iter().map(|c| c.said.len()).min()?;
     candidates.retain(|c| c.said.len() == fewest);
     let like: Vec<String> = candidates
