@@ -1830,6 +1830,25 @@ fn a_producer_convention_declared_for_a_file_with_nothing_quantized_is_refused()
         err.contains("or they declare another convention themselves"),
         "{err}"
     );
+    // Undeclared quantized arrays another convention would read: it says the named one does
+    // not, rather than asking for the flag given.
+    let other = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/conventions/converter_nvfp4_modelopt/model.safetensors");
+    let err = fails(
+        &store,
+        &[
+            "import",
+            other.to_str().unwrap(),
+            "--name",
+            "local/other",
+            "--converter",
+            "gptq",
+        ],
+    );
+    assert!(
+        err.contains("and --converter gptq does not read them"),
+        "{err}"
+    );
     ok(
         &store,
         &[

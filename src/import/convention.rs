@@ -613,6 +613,16 @@ fn module_encoding(
     } else {
         "ambiguous"
     };
+    if let Some(c) = converter {
+        return Err(format!(
+            "{} in component {:?} look like quantized arrays of {}, and --converter {} does not \
+             read them",
+            arrays_named.join(", "),
+            cx.component,
+            names.join(" or "),
+            c.name
+        ));
+    }
     Err(format!(
         "{} in component {:?} look like quantized arrays of {}, but nothing declares the \
          convention (a config quantization_config, hf_quant_config.json, .comfy_quant or \

@@ -1179,8 +1179,9 @@ pub(crate) fn recognise<'t>(
 /// Where a converter of a model alone takes the file's main model (told by its width, as an
 /// SDXL UNet by its 2048-wide context), only candidates of that converter's family stay. Each
 /// is tried on what the file holds (the converter [`without`](Converter::without) those
-/// models, with `check`): named are those that convert it, missing the fewest models; or else,
-/// when none does, those missing the fewest, with why. A file with part of every model
+/// models, with `check`): named are those that convert it, leaving the fewest arrays in the
+/// file, then missing the fewest models; or else, when none does, those missing the fewest,
+/// with why. A file with part of every model
 /// (truncated, or another kind of file), or whose main model's family has no candidate,
 /// lacks nothing here: it is unknown.
 fn lacking(
@@ -1189,15 +1190,16 @@ fn lacking(
     keys: &BTreeSet<&str>,
     check: &dyn Fn(&Conversion<'_>) -> Result<(), String>,
 ) -> Option<String> {
-    /// A converter, its absent models as said, and whether what is there converts (or why
-    /// not).
+    /// A converter, its absent models as said, and whether what is there converts, leaving
+    /// how many arrays in the file (or why not).
     struct Candidate<'c> {
         converter: &'c Converter,
         said: Vec<String>,
-        converts: Result<(), String>,
+        converts: Result<usize, String>,
     }
-    let tried =
-        |c: &Converter, arrays: &[SourceKey<'_>]| convert(table, c, arrays).and_then(|v| check(&v));
+    let tried = |c: &Converter, arrays: &[SourceKey<'_>]| {
+        convert(table, c, arrays).and_then(|v| check(&v).map(|()| v.kept.len()))
+    };
     // The families whose converters of a model alone take the main model (`unet`) as it is
     // under their checkpoint prefix.
     let families_of = |main: &str| -> BTreeSet<&str> {
@@ -1264,8 +1266,19 @@ fn lacking(
             converts: tried(&c.without(&absent), arrays),
         });
     }
+    // Those that convert what is there, of them those that take the most of it (an SDXL file
+    // without CLIP-L is no refiner's, which would leave its CLIP-G in the file), then those
+    // missing the fewest models.
     let converting = candidates.iter().any(|c| c.converts.is_ok());
     candidates.retain(|c| c.converts.is_ok() == converting);
+    if let Some(least) = candidates
+        .iter()
+        .filter_map(|c| c.converts.as_ref().ok())
+        .min()
+    {
+        let least = *least;
+        candidates.retain(|c| c.converts.as_ref().is_ok_and(|&kept| kept == least));
+    }
     let fewest = candidates.iter().map(|c| c.said.len()).min()?;
     candidates.retain(|c| c.said.len() == fewest);
     let like: Vec<String> = candidates

@@ -735,6 +735,31 @@ def check_fine_tune_shares(report, work, pipe, tensorfs):
                  "encoders stored once)", f"{added} new bytes; its UNet {unet_bytes}, the file {file.stat().st_size}")
 
 
+def check_lacking_a_model(report, work, sdxl_file, tensorfs):
+    """An SDXL checkpoint saved without one of its text encoders imports as it is, the
+    warning naming SDXL (whose converter takes the encoder that is there) and what it lacks;
+    the file reads back byte for byte."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for gone, model in (("conditioner.embedders.0.transformer.", "text_encoder"),
+                        ("conditioner.embedders.1.model.", "text_encoder_2")):
+        with safe_open(str(sdxl_file), framework="pt") as f:
+            kept = {k: f.get_tensor(k) for k in f.keys() if not k.startswith(gone)}
+        file = work / f"sdxl_without_{model}.safetensors"
+        save_file(kept, str(file))
+        said = json.loads(tensorfs("import", file, "--name", f"local/sdxl-without-{model}", "--json"))
+        warnings = " ".join(said["warnings"])
+        want = f"like a checkpoint of sdxl.single_file without its {model} (no key starts with"
+        report.check(want in warnings and "sdxl_refiner" not in warnings and said["lanes"][0].get("single_file") is None,
+                     f"sdxl without its {model}: imported as it is, the warning naming SDXL and the model",
+                     warnings)
+        out = work / f"sdxl-without-{model}-out"
+        tensorfs("export", f"local/sdxl-without-{model}", out)
+        report.check((out / file.name).read_bytes() == file.read_bytes(),
+                     f"sdxl without its {model}: exported byte for byte", str(out / file.name))
+
+
 def check_composed(report, mnt, pipe, folder, tuned, lane):
     import torch
     from diffusers import DiffusionPipeline, StableDiffusionXLPipeline
@@ -1094,6 +1119,7 @@ def main():
     said = import_recognised(report, tensorfs, t5_file, "local/t5-alone", "t5.single_file", "t5 alone")
     t5_lane = said["lanes"][0]["lane"]
     check_fine_tune_shares(report, work, families["sdxl"][0], tensorfs)
+    check_lacking_a_model(report, work, work / "sdxl_tiny.safetensors", tensorfs)
     tuned_file = work / "sdxl_tuned_unet.safetensors"
     tuned = write_tuned_unet(families["sdxl"][0], tuned_file)
     said = json.loads(tensorfs("import", tuned_file, "--name", "local/sdxl-tuned", "--pipeline", "local/sdxl",

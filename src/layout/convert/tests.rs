@@ -1117,3 +1117,59 @@ fn a_model_alone_named_for_a_file_with_another_models_array_says_which() {
         "{err}"
     );
 }
+
+#[test]
+fn a_checkpoint_lacking_a_model_is_named_by_the_converter_that_takes_most_of_it() {
+    // Two checkpoints that each lack one model of the file: A, SD 1.x with a second text
+    // encoder the file lacks, takes its text encoder; B, SD 1.x whose text encoder lies
+    // elsewhere, would leave it in the file. Only A is named.
+    let mut raw: serde_json::Value = serde_json::from_str(TABLE).unwrap();
+    let converters = raw["converters"].as_array_mut().unwrap();
+    let sd1 = converters
+        .iter()
+        .find(|c| c["name"] == "sd1.single_file")
+        .unwrap()
+        .clone();
+    let mut a = sd1.clone();
+    a["name"] = "a.single_file".into();
+    let mut second = a["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "text_encoder")
+        .unwrap()
+        .clone();
+    second["name"] = "text_encoder_2".into();
+    second["prefix"] = "extra_a.".into();
+    a["components"].as_array_mut().unwrap().push(second);
+    a["require"]
+        .as_array_mut()
+        .unwrap()
+        .push("extra_a.text_model.embeddings.token_embedding.weight".into());
+    let mut b = sd1;
+    b["name"] = "b.single_file".into();
+    for r in b["components"].as_array_mut().unwrap() {
+        if r["name"] == "text_encoder" {
+            r["prefix"] = "extra_b.".into();
+        }
+    }
+    for k in b["require"].as_array_mut().unwrap() {
+        if let Some(rest) = k
+            .as_str()
+            .unwrap()
+            .strip_prefix("cond_stage_model.transformer.")
+        {
+            *k = format!("extra_b.{rest}").into();
+        }
+    }
+    *converters = vec![a, b];
+    let t = parse_table(&raw.to_string()).unwrap();
+    match recognise(&t, &source(&sd1_like()), None, &|_| Ok(())).unwrap() {
+        Outcome::Lacking(why) => assert!(
+            why.contains("a.single_file without its text_encoder_2 (")
+                && !why.contains("b.single_file"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
