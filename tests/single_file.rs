@@ -1793,71 +1793,49 @@ fn a_stored_models_component_stands_in_for_a_joined_pipelines_own() {
 fn a_producer_convention_declared_for_a_file_with_nothing_quantized_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
-    let file = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
-    let err = fails(
-        &store,
-        &[
+    let as_gptq = |file: &Path, name: &str| {
+        let args = [
             "import",
             file.to_str().unwrap(),
             "--name",
-            "local/sd1",
+            name,
             "--converter",
             "gptq",
-        ],
-    );
+        ];
+        fails(&store, &args)
+    };
+    let file = write(tmp.path(), "sd1.safetensors", &sd1_tensors());
+    let err = as_gptq(&file, "local/sd1");
     assert!(
         err.contains("--converter gptq: no array of the source is read as gptq stores one"),
         "{err}"
     );
     let listed = ok(&store, &["ls"]);
     assert!(!listed.contains("local/sd1"), "nothing stored: {listed}");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/conventions");
     // Quantized arrays that declare their own convention (ComfyUI's `.comfy_quant`) are not
     // read as the one named either.
-    let declared = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/conventions/comfy_quant_float8/model.safetensors");
-    let err = fails(
-        &store,
-        &[
-            "import",
-            declared.to_str().unwrap(),
-            "--name",
-            "local/declared",
-            "--converter",
-            "gptq",
-        ],
-    );
+    let declared = data.join("comfy_quant_float8/model.safetensors");
+    let err = as_gptq(&declared, "local/declared");
     assert!(
         err.contains("or they declare another convention themselves"),
         "{err}"
     );
     // Undeclared quantized arrays another convention would read: it says the named one does
     // not, rather than asking for the flag given.
-    let other = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/conventions/converter_nvfp4_modelopt/model.safetensors");
-    let err = fails(
-        &store,
-        &[
-            "import",
-            other.to_str().unwrap(),
-            "--name",
-            "local/other",
-            "--converter",
-            "gptq",
-        ],
-    );
+    let other = data.join("converter_nvfp4_modelopt/model.safetensors");
+    let err = as_gptq(&other, "local/other");
     assert!(
         err.contains("and --converter gptq does not read them"),
         "{err}"
     );
-    ok(
-        &store,
-        &[
-            "import",
-            declared.to_str().unwrap(),
-            "--name",
-            "local/declared",
-        ],
-    );
+    let args = [
+        "import",
+        declared.to_str().unwrap(),
+        "--name",
+        "local/declared",
+    ];
+    ok(&store, &args);
 }
 
 #[test]
