@@ -141,6 +141,16 @@ fn clip_layers(prefix: &str, hidden: usize, layers: usize, t: &mut Vec<(String, 
 }
 
 fn write(dir: &Path, name: &str, tensors: &[(String, Vec<usize>)]) -> std::path::PathBuf {
+    write_with(dir, name, tensors, None)
+}
+
+/// [`write`] with `__metadata__`.
+fn write_with(
+    dir: &Path,
+    name: &str,
+    tensors: &[(String, Vec<usize>)],
+    metadata: Option<&[(&str, &str)]>,
+) -> std::path::PathBuf {
     let data: Vec<Vec<u8>> = tensors
         .iter()
         .enumerate()
@@ -152,7 +162,7 @@ fn write(dir: &Path, name: &str, tensors: &[(String, Vec<usize>)]) -> std::path:
         .map(|((name, shape), d)| T(name, Dtype::F32, shape.clone(), d.clone()))
         .collect();
     let path = dir.join(name);
-    fs::write(&path, safetensors_file(&views, None)).unwrap();
+    fs::write(&path, safetensors_file(&views, metadata)).unwrap();
     path
 }
 
@@ -503,18 +513,12 @@ fn markers_set_what_the_weights_cannot_tell() {
     let scheduler = |name: &str, metadata: Option<&[(&str, &str)]>| {
         let mut tensors = sd1_tensors();
         tensors.push(("v_pred".to_owned(), vec![0]));
-        let data: Vec<Vec<u8>> = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, (_, shape))| floats(shape.iter().product(), i as u32))
-            .collect();
-        let views: Vec<T> = tensors
-            .iter()
-            .zip(&data)
-            .map(|((n, shape), d)| T(n, Dtype::F32, shape.clone(), d.clone()))
-            .collect();
-        let file = tmp.path().join(format!("{name}.safetensors"));
-        fs::write(&file, safetensors_file(&views, metadata)).unwrap();
+        let file = write_with(
+            tmp.path(),
+            &format!("{name}.safetensors"),
+            &tensors,
+            metadata,
+        );
         let repo = format!("local/{name}");
         ok(&store, &["import", file.to_str().unwrap(), "--name", &repo]);
         let out = tmp.path().join(name);
@@ -945,21 +949,30 @@ fn import_json(store: &Path, file: &Path, name: &str, extra: &[&str]) -> serde_j
 fn a_unet_alone_is_its_own_diffusers_model_folder_bare_or_under_its_checkpoint_prefix() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
-    for prefixed in [false, true] {
-        let tensors = unet_tensors(768, prefixed);
+    // Bare, under the prefix, and under the prefix beside a loose array (`alphas_cumprod`,
+    // kept in the file, left out of the face).
+    for (prefixed, loose) in [(false, false), (true, false), (true, true)] {
+        let mut tensors = unet_tensors(768, prefixed);
+        if loose {
+            tensors.push(("alphas_cumprod".into(), vec![1000]));
+        }
         let file = write(tmp.path(), "unet.safetensors", &tensors);
-        let name = format!("local/unet-{prefixed}");
+        let case = format!("{prefixed}-{loose}");
+        let name = format!("local/unet-{case}");
         let report = import_json(&store, &file, &name, &[]);
         let said = report.to_string();
         assert!(!said.contains("not converted"), "{said}");
-        assert!(said.contains("sd1_unet.single_file"), "{said}");
-        let plain = tmp.path().join(format!("plain-{prefixed}"));
+        assert_eq!(
+            report["lanes"][0]["single_file"]["converter"], "sd1_unet.single_file",
+            "{said}"
+        );
+        let plain = tmp.path().join(format!("plain-{case}"));
         ok(&store, &["export", &name, plain.to_str().unwrap()]);
         assert_eq!(
             fs::read(plain.join("unet.safetensors")).unwrap(),
             fs::read(&file).unwrap()
         );
-        let face = tmp.path().join(format!("face-{prefixed}"));
+        let face = tmp.path().join(format!("face-{case}"));
         ok(
             &store,
             &["export", &name, face.to_str().unwrap(), "--diffusers"],
@@ -969,7 +982,7 @@ fn a_unet_alone_is_its_own_diffusers_model_folder_bare_or_under_its_checkpoint_p
         assert_eq!(config["cross_attention_dim"], 768);
         assert_eq!(config["attention_head_dim"], 8, "SD 1.x's head split");
         let made = tensors_of(&face.join("diffusion_pytorch_model.safetensors"));
-        assert_eq!(made.len(), tensors.len());
+        assert_eq!(made.len(), tensors.len() - usize::from(loose));
         let original = tensors_of(&file);
         let out = if prefixed {
             "model.diffusion_model.out.2.weight"
@@ -1090,44 +1103,6 @@ fn a_checkpoint_lacking_a_model_is_named_by_the_family_its_models_are_of() {
     assert!(
         warnings.contains("like a checkpoint of sdxl") && !warnings.contains("sd1.single_file"),
         "{warnings}"
-    );
-}
-
-#[test]
-fn a_unet_alone_under_its_checkpoint_prefix_keeps_a_loose_array_in_its_file() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("store");
-    let mut tensors = unet_tensors(768, true);
-    tensors.push(("alphas_cumprod".into(), vec![1000]));
-    let file = write(tmp.path(), "unet.safetensors", &tensors);
-    let report = import_json(&store, &file, "local/unet", &[]);
-    let said = report.to_string();
-    assert_eq!(
-        report["lanes"][0]["single_file"]["converter"], "sd1_unet.single_file",
-        "{said}"
-    );
-    assert!(!said.contains("not converted"), "{said}");
-    let plain = tmp.path().join("plain");
-    ok(&store, &["export", "local/unet", plain.to_str().unwrap()]);
-    assert_eq!(
-        fs::read(plain.join("unet.safetensors")).unwrap(),
-        fs::read(&file).unwrap()
-    );
-    let face = tmp.path().join("face");
-    ok(
-        &store,
-        &[
-            "export",
-            "local/unet",
-            face.to_str().unwrap(),
-            "--diffusers",
-        ],
-    );
-    let made = tensors_of(&face.join("diffusion_pytorch_model.safetensors"));
-    assert_eq!(
-        made.len(),
-        tensors.len() - 1,
-        "the loose array stays in the file"
     );
 }
 
@@ -1882,19 +1857,13 @@ fn a_prediction_type_in_the_files_metadata_the_table_does_not_know_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
     let import = |name: &str, tensors: Vec<(String, Vec<usize>)>| {
-        let data: Vec<Vec<u8>> = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, (_, shape))| floats(shape.iter().product(), i as u32))
-            .collect();
-        let views: Vec<T> = tensors
-            .iter()
-            .zip(&data)
-            .map(|((n, shape), d)| T(n, Dtype::F32, shape.clone(), d.clone()))
-            .collect();
-        let file = tmp.path().join(format!("{name}.safetensors"));
         let said = [("modelspec.prediction_type", "flow")];
-        fs::write(&file, safetensors_file(&views, Some(&said))).unwrap();
+        let file = write_with(
+            tmp.path(),
+            &format!("{name}.safetensors"),
+            &tensors,
+            Some(&said),
+        );
         let report = import_json(&store, &file, &format!("local/{name}"), &[]);
         report["warnings"].to_string()
     };
