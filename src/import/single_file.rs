@@ -136,7 +136,7 @@ pub(crate) fn apply(
     let unread = metadata
         .iter()
         .find(|(k, _)| k == PREDICTION_METADATA)
-        .filter(|_| prediction.is_none() && marked_prediction(&marked).is_none())
+        .filter(|_| prediction.is_none() && !marked_prediction(&marked))
         .map(|(_, v)| v.clone());
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
@@ -146,10 +146,10 @@ pub(crate) fn apply(
     };
     decided.map_err(|why| fail(format!("{converter}: {why}")))?;
     if let Some(v) = unread {
-        let used = match (&conversion.converter.pipeline, marked_prediction(&marked)) {
-            (None, _) => "a model alone has no scheduler it would set".to_owned(),
-            (Some(_), Some(p)) => format!("its family's default, {p}, is used"),
-            (Some(_), None) => "its scheduler's own default is used".to_owned(),
+        // A family that must know asked for the flag above; the others' schedulers decide.
+        let used = match conversion.converter.pipeline {
+            None => "a model alone has no scheduler it would set",
+            Some(_) => "its scheduler's own default is used",
         };
         model.warnings.push(format!(
             "{lane_path}: its {PREDICTION_METADATA} {v:?} is none the table knows; {used}"
@@ -512,12 +512,11 @@ fn joinable(
 /// Config values by component, as markers and declarations set them.
 type Marked = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 
-/// The scheduler's `prediction_type` that `marked` sets, if it sets one.
-fn marked_prediction(marked: &Marked) -> Option<&str> {
+/// Whether `marked` sets the scheduler's `prediction_type`.
+fn marked_prediction(marked: &Marked) -> bool {
     marked
         .get("scheduler")
-        .and_then(|s| s.get("prediction_type"))
-        .and_then(serde_json::Value::as_str)
+        .is_some_and(|s| s.contains_key("prediction_type"))
 }
 
 /// Adds what the user declared to `marked` (the file's markers' values): `prediction` sets
