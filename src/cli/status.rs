@@ -137,10 +137,8 @@ pub(super) fn daemon_pid(mountpoint: &Path) -> Option<u32> {
         .and_then(|pid| u32::try_from(pid).ok())
 }
 
-/// The value of extended attribute `name` of `path`.
 /// The attribute `name` of `path` (at most 64 KiB, the kernel's `XATTR_SIZE_MAX`), read in a
-/// child process: `None` when no
-/// answer came within `wait`. A daemon that read the question and hangs (stopped
+/// child process: `None` when no answer came within `wait`. A daemon that read the question and hangs (stopped
 /// between reading and answering) keeps a FUSE request waiting for its answer even through
 /// SIGKILL, and a process with such a thread cannot end; so the question is asked by a child
 /// whose standard streams are `/dev/null`, left behind on a timeout, and neither this process
@@ -247,19 +245,25 @@ fn getxattr_within(
     }
     // SAFETY: waiting for our own child, which has written all and is ending.
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    Ok(Some(child_answer(&got)))
+}
+
+/// What the question's child wrote (`got`): getxattr's result as a little-endian `i64` (the
+/// value's length, or the negated errno), then the value.
+///
+/// # Errors
+/// The errno the child's getxattr failed with; `got` too short for the result (the child
+/// ended early).
+fn child_answer(got: &[u8]) -> std::io::Result<Vec<u8>> {
     let Some((head, body)) = got.split_first_chunk::<8>() else {
-        return Ok(Some(Err(std::io::Error::other(
-            "the question's child ended early",
-        ))));
+        return Err(std::io::Error::other("the question's child ended early"));
     };
-    let code = i64::from_le_bytes(*head);
-    Ok(Some(if code < 0 {
-        Err(std::io::Error::from_raw_os_error(
+    match i64::from_le_bytes(*head) {
+        code if code < 0 => Err(std::io::Error::from_raw_os_error(
             i32::try_from(-code).unwrap_or(libc::EIO),
-        ))
-    } else {
-        Ok(body.to_vec())
-    }))
+        )),
+        _ => Ok(body.to_vec()),
+    }
 }
 
 /// A mount's status as lines for a terminal.
@@ -340,4 +344,22 @@ fn describe(s: &Value) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::child_answer;
+
+    #[test]
+    fn the_childs_answer_is_its_value_its_errno_or_an_early_end() {
+        let mut value = 3i64.to_le_bytes().to_vec();
+        value.extend_from_slice(b"abc");
+        assert_eq!(child_answer(&value).unwrap(), b"abc");
+        let failed = (-i64::from(libc::ENODATA)).to_le_bytes();
+        let err = child_answer(&failed).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENODATA));
+        let err = child_answer(&[1, 2, 3]).unwrap_err();
+        assert!(err.to_string().contains("ended early"), "{err}");
+        assert!(child_answer(&[]).is_err());
+    }
 }

@@ -136,7 +136,7 @@ pub(crate) fn apply(
     let unread = metadata
         .iter()
         .find(|(k, _)| k == PREDICTION_METADATA)
-        .filter(|_| prediction.is_none() && !marked_prediction(&marked))
+        .filter(|_| prediction.is_none() && marked_prediction(&marked).is_none())
         .map(|(_, v)| v.clone());
     // The file must convert before what it predicts matters.
     let decided = decide(family, &mut marked, prediction, metadata);
@@ -159,11 +159,7 @@ pub(crate) fn apply(
         compose(&mut built, base)
             .map_err(|why| fail(format!("--pipeline {}: {why}", base.name)))?;
     }
-    let prediction_type = marked
-        .get("scheduler")
-        .and_then(|s| s.get("prediction_type"))
-        .and_then(serde_json::Value::as_str)
-        .map(str::to_owned);
+    let prediction_type = marked_prediction(&marked).map(str::to_owned);
     install(model, &conversion, built, lane_path, prediction_type);
     Ok(())
 }
@@ -238,36 +234,8 @@ fn install(
         .iter()
         .map(|&i| own.tensors[i].clone())
         .collect();
-    // Buffers and position ids are small; megabytes left out of the face (EMA weights,
-    // another checkpoint's text encoder) are worth a word.
-    let left: u64 = kept.iter().map(|t| t.length).sum();
-    if left >= KEPT_NOTED_BYTES {
-        // The largest groups by first key segment (`model_ema`), not the many small buffers.
-        let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
-        for t in &kept {
-            *groups
-                .entry(t.key.split('.').next().unwrap_or(&t.key))
-                .or_default() += t.length;
-        }
-        let mut groups: Vec<(&str, u64)> = groups.into_iter().collect();
-        groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20));
-        let under: Vec<String> = groups
-            .iter()
-            .take(3)
-            .filter(|(_, bytes)| *bytes >= left / 10)
-            .map(|(group, bytes)| format!("{group}.* {}", mib(*bytes)))
-            .collect();
-        let arrays = match kept.len() {
-            1 => "1 array".to_owned(),
-            n => format!("{n} arrays"),
-        };
-        model.warnings.push(format!(
-            "{lane_path}: {arrays} ({}; the most under {}) that no Diffusers component takes \
-             stay in the file only; the @diffusers face leaves them out",
-            mib(left),
-            under.join(", ")
-        ));
+    if let Some(note) = kept_note(&kept) {
+        model.warnings.push(format!("{lane_path}: {note}"));
     }
     own.items = (0..kept.len()).map(Item::Plain).collect();
     own.tensors = kept;
@@ -302,6 +270,43 @@ fn install(
     });
     model.components = built.components;
     model.components.push(own);
+}
+
+/// A note on the arrays a conversion leaves in the file alone (`kept`), when they add up to
+/// [`KEPT_NOTED_BYTES`] or more: buffers and position ids are small, but megabytes the face
+/// leaves out (EMA weights, another checkpoint's text encoder) are worth a word. It names the
+/// largest groups by the first segment of their keys (`model_ema`), each of at least a tenth
+/// of the bytes, three at the most.
+fn kept_note(kept: &[super::scan::SourceTensor]) -> Option<String> {
+    let left: u64 = kept.iter().map(|t| t.length).sum();
+    if left < KEPT_NOTED_BYTES {
+        return None;
+    }
+    let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
+    for t in kept {
+        *groups
+            .entry(t.key.split('.').next().unwrap_or(&t.key))
+            .or_default() += t.length;
+    }
+    let mut groups: Vec<(&str, u64)> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20));
+    let under: Vec<String> = groups
+        .iter()
+        .take(3)
+        .filter(|(_, bytes)| *bytes >= left / 10)
+        .map(|(group, bytes)| format!("{group}.* {}", mib(*bytes)))
+        .collect();
+    let arrays = match kept.len() {
+        1 => "1 array".to_owned(),
+        n => format!("{n} arrays"),
+    };
+    Some(format!(
+        "{arrays} ({}; the most under {}) that no Diffusers component takes stay in the file \
+         only; the @diffusers face leaves them out",
+        mib(left),
+        under.join(", ")
+    ))
 }
 
 /// What a conversion makes of a file: the Diffusers components (converted, and the
@@ -512,11 +517,12 @@ fn joinable(
 /// Config values by component, as markers and declarations set them.
 type Marked = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 
-/// Whether `marked` sets the scheduler's `prediction_type`.
-fn marked_prediction(marked: &Marked) -> bool {
+/// The scheduler's `prediction_type` that `marked` sets, if it sets one.
+fn marked_prediction(marked: &Marked) -> Option<&str> {
     marked
         .get("scheduler")
-        .is_some_and(|s| s.contains_key("prediction_type"))
+        .and_then(|s| s.get("prediction_type"))
+        .and_then(serde_json::Value::as_str)
 }
 
 /// Adds what the user declared to `marked` (the file's markers' values): `prediction` sets

@@ -183,16 +183,22 @@ impl Converter {
         }
     }
 
+    /// The component whose prefix, the longest that does, `key` (less the file's `also_under`
+    /// prefix) starts with: the model a key of this converter's belongs to.
+    fn owner(&self, key: &str) -> Option<&ComponentRule> {
+        self.components
+            .iter()
+            .filter(|r| key.starts_with(r.prefix.as_str()))
+            .max_by_key(|r| r.prefix.len())
+    }
+
     /// This converter less the components named in `absent`: their required keys, `accept`
     /// entries and the pipeline (a checkpoint lacking a model makes none), so that what a file
     /// holds of the checkpoint can be tried alone ([`lacking`]).
     fn without(&self, absent: &BTreeSet<&str>) -> Converter {
         let mut reduced = self.clone();
         let gone = |key: &str| {
-            self.components
-                .iter()
-                .filter(|r| key.starts_with(r.prefix.as_str()))
-                .max_by_key(|r| r.prefix.len())
+            self.owner(key)
                 .is_some_and(|r| absent.contains(r.name.as_str()))
         };
         reduced.require.retain(|k| !gone(k));
@@ -1218,6 +1224,7 @@ fn lacking(
             })
             .collect()
     };
+    let mut told: HashMap<&str, BTreeSet<&str>> = HashMap::new();
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
     'converters: for c in &table.converters {
         let base = c.base(table, arrays);
@@ -1231,12 +1238,7 @@ fn lacking(
         let mut absent: BTreeSet<&str> = BTreeSet::new();
         let mut said: Vec<String> = Vec::new();
         for key in c.require.iter().filter(|k| !there(k)) {
-            let model = c
-                .components
-                .iter()
-                .filter(|r| key.starts_with(r.prefix.as_str()))
-                .max_by_key(|r| r.prefix.len());
-            let Some(model) = model else {
+            let Some(model) = c.owner(key) else {
                 continue 'converters;
             };
             let prefix = format!("{base}{}", model.prefix);
@@ -1250,13 +1252,10 @@ fn lacking(
         if absent.is_empty() {
             continue;
         }
-        let main_model = c
-            .components
-            .iter()
-            .filter(|r| main.starts_with(r.prefix.as_str()))
-            .max_by_key(|r| r.prefix.len())
-            .map_or("", |r| r.name.as_str());
-        let families = families_of(main_model);
+        let main_model = c.owner(main).map_or("", |r| r.name.as_str());
+        let families = told
+            .entry(main_model)
+            .or_insert_with(|| families_of(main_model));
         if !families.is_empty() && !families.contains(c.family.as_str()) {
             continue;
         }
