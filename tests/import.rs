@@ -666,6 +666,58 @@ fn a_diffusers_folder_imports_as_one_lane_per_variant() {
     );
 }
 
+/// Transformers writes `"model_max_length": 1000000000000000019884624838656` for a tokenizer
+/// without a limit: a config's integer past [−2^63, 2^64) is read as the nearest float (spec
+/// §4 lets configs hold floats; the reference reads it so too), and the file stays byte-exact.
+#[test]
+fn a_config_integer_past_the_integer_range_is_kept_as_a_float() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    diffusers_folder(&src);
+    let unbounded = br#"{
+  "model_max_length": 1000000000000000019884624838656,
+  "tokenizer_class": "CLIPTokenizer"
+}
+"#;
+    let encoder = br#"{"architectures": ["CLIPTextModel"], "below": -18446744073709551617, "transformers_version": "4.44.0"}"#;
+    write_tree(
+        &src,
+        &[
+            ("tokenizer/tokenizer_config.json", unbounded.to_vec()),
+            ("text_encoder/config.json", encoder.to_vec()),
+        ],
+    );
+    let store = dir.path().join("store");
+    ok(
+        &store,
+        &["import", src.to_str().unwrap(), "--name", "local/pipe"],
+    );
+    let inspect = ok(
+        &store,
+        &["inspect", "local/pipe", "--lane", "f32", "--json"],
+    );
+    let inspect: serde_json::Value = serde_json::from_str(&inspect).unwrap();
+    let components = inspect[0]["header_json"]["components"].as_array().unwrap();
+    let config = |name: &str| {
+        components
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["config"].clone())
+            .unwrap_or_else(|| panic!("no component {name}: {inspect}"))
+    };
+    assert_eq!(config("tokenizer")["model_max_length"].as_f64(), Some(1e30));
+    assert!(config("tokenizer")["model_max_length"].is_f64());
+    assert_eq!(
+        config("text_encoder")["below"].as_f64(),
+        Some(-18446744073709551617.0)
+    );
+    let out = dir.path().join("out");
+    export(&store, "local/pipe", Some("f32"), &out);
+    let mut expected = files_of(&src);
+    expected.remove("unet/diffusion_pytorch_model.fp16.safetensors");
+    assert_eq!(files_of(&out), expected);
+}
+
 /// `big.safetensors` in `dir`: `count` U8 tensors of `mib` MiB each, large enough that an
 /// import is still writing chunks when a test stops it.
 fn big_file(dir: &Path, count: usize, mib: usize) -> std::path::PathBuf {

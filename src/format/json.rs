@@ -3,6 +3,8 @@
 //! [`parse`] reads RFC 8259 JSON from UTF-8 bytes and refuses a repeated key in any object,
 //! `NaN`/`Infinity`, and integers outside [−2^63, 2^64). Numbers with a fraction or exponent
 //! are [`Json::Float`]; documents (trees, repos) refuse them, configs keep them.
+//! [`parse_config`] reads the JSON a model's producers wrote, where an integer past that range
+//! is a float.
 //!
 //! The parser is our own rather than serde_json's: only the number's spelling tells an
 //! out-of-range integer (refused) from a float with an exponent (kept), and serde_json without
@@ -67,6 +69,22 @@ impl Json {
 /// [`super::FormatError::Encoding`] for invalid UTF-8 or JSON (with line and column), a
 /// repeated key (naming it), a non-finite or out-of-range number.
 pub fn parse(bytes: &[u8]) -> FormatResult<Json> {
+    parse_with(bytes, false)
+}
+
+/// Parses JSON a model's producers wrote (configs, quantization declarations, shard indexes)
+/// as [`parse`] does, except that an integer outside [−2^63, 2^64) is read as the nearest
+/// [`Json::Float`]: configs may hold floats (spec §4), Transformers writes
+/// `"model_max_length": 1000000000000000019884624838656` for a tokenizer without a limit, and
+/// the reference (serde_json) reads such an integer as that float.
+///
+/// # Errors
+/// As [`parse`], and an integer too large for a finite float.
+pub fn parse_config(bytes: &[u8]) -> FormatResult<Json> {
+    parse_with(bytes, true)
+}
+
+fn parse_with(bytes: &[u8], wide_integers: bool) -> FormatResult<Json> {
     if let Err(e) = std::str::from_utf8(bytes) {
         let at = e.valid_up_to();
         return Err(FormatError::Encoding(format!(
@@ -74,7 +92,11 @@ pub fn parse(bytes: &[u8]) -> FormatResult<Json> {
             position(bytes, at)
         )));
     }
-    let mut parser = Parser { bytes, pos: 0 };
+    let mut parser = Parser {
+        bytes,
+        pos: 0,
+        wide_integers,
+    };
     parser.skip_ws();
     let result = parser.value(0).and_then(|value| {
         parser.skip_ws();
@@ -152,6 +174,9 @@ const SCAN_KEYS: usize = 8;
 struct Parser<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// Whether an integer outside [−2^63, 2^64) is read as a float ([`parse_config`]) rather
+    /// than refused.
+    wide_integers: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -423,7 +448,13 @@ impl<'a> Parser<'a> {
             float = true;
         }
         let text = std::str::from_utf8(&self.bytes[start..self.pos]).expect("ascii");
-        if float {
+        let digits = std::str::from_utf8(&self.bytes[int_start..int_end]).expect("ascii");
+        let magnitude: Option<u64> = digits.parse().ok();
+        let in_range = match magnitude {
+            Some(m) => !negative || m <= 1 << 63,
+            None => false,
+        };
+        if float || (!in_range && self.wide_integers) {
             // std's parse is correctly rounded, so every float reads back exactly.
             let value: f64 = text.parse().expect("a JSON number is a Rust float");
             if !value.is_finite() {
@@ -431,20 +462,13 @@ impl<'a> Parser<'a> {
             }
             return Ok(Json::Float(value));
         }
-        let digits = std::str::from_utf8(&self.bytes[int_start..int_end]).expect("ascii");
-        let out_of_range = || {
-            self.fail_at(
+        match magnitude {
+            Some(m) if !negative || m == 0 => Ok(Json::Uint(m)),
+            Some(m) if in_range => Ok(Json::Int((m as i64).wrapping_neg())),
+            _ => Err(self.fail_at(
                 start,
                 format!("integer {text} is outside [-2^63, 2^64) (spec §2)"),
-            )
-        };
-        let magnitude: u64 = digits.parse().map_err(|_| out_of_range())?;
-        if !negative || magnitude == 0 {
-            Ok(Json::Uint(magnitude))
-        } else if magnitude <= 1 << 63 {
-            Ok(Json::Int((magnitude as i64).wrapping_neg()))
-        } else {
-            Err(out_of_range())
+            )),
         }
     }
 }

@@ -278,7 +278,7 @@ fn module_docs(
     }
     if let Some((_, text)) = cx.metadata.iter().find(|(k, _)| k == COMFY_METADATA) {
         let origin = format!("__metadata__ {COMFY_METADATA}");
-        let doc = json::parse(text.as_bytes()).map_err(|e| format!("{origin}: {e}"))?;
+        let doc = json::parse_config(text.as_bytes()).map_err(|e| format!("{origin}: {e}"))?;
         match doc.get("format_version") {
             Some(Json::Text(v)) if v == "1.0" => {}
             other => {
@@ -1128,7 +1128,7 @@ fn marker_doc(a: &SourceTensor, i: usize, read: &ReadArray<'_>) -> Result<Json, 
     let bytes = read(i)?;
     // Some producers pad with NULs.
     let end = bytes.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
-    json::parse(&bytes[..end]).map_err(|e| format!("{}: not a JSON document: {e}", a.key))
+    json::parse_config(&bytes[..end]).map_err(|e| format!("{}: not a JSON document: {e}", a.key))
 }
 
 /// The little-endian integer values of an I32, I64, U8 … array.

@@ -530,7 +530,7 @@ fn recognize(
     for name in convention::declaration_files() {
         if let Some(Asset::File(path)) = c.assets.get(name) {
             let text = read_text(path)?;
-            let doc = json::parse(text.as_bytes())
+            let doc = json::parse_config(text.as_bytes())
                 .map_err(|e| ImportError::source(path, e.to_string()))?;
             files.insert(name.to_owned(), doc);
         }
@@ -636,7 +636,7 @@ fn check_index(
     shards: &[(String, PathBuf)],
 ) -> Result<(BTreeSet<String>, Vec<String>), ImportError> {
     let bad = |why: String| ImportError::source(path, why);
-    let doc = json::parse(text.as_bytes()).map_err(|e| bad(e.to_string()))?;
+    let doc = json::parse_config(text.as_bytes()).map_err(|e| bad(e.to_string()))?;
     let Json::Object(fields) = doc else {
         return Err(bad("is not a JSON object".into()));
     };
@@ -706,7 +706,8 @@ fn read_text(path: &Path) -> Result<String, ImportError> {
 /// A config file as the header's structured config.
 fn parse_config(path: &Path, text: &str) -> Result<Config, ImportError> {
     match json::to_value(
-        &json::parse(text.as_bytes()).map_err(|e| ImportError::source(path, e.to_string()))?,
+        &json::parse_config(text.as_bytes())
+            .map_err(|e| ImportError::source(path, e.to_string()))?,
     ) {
         Value::Map(entries) => Ok(entries.into_iter().collect()),
         _ => Err(ImportError::source(path, "is not a JSON object")),

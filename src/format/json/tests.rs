@@ -51,6 +51,32 @@ fn integers_at_the_range_limits() {
 }
 
 #[test]
+fn a_config_reads_integers_past_the_range_as_floats() {
+    let config = |text: &str| parse_config(text.as_bytes()).unwrap();
+    // Transformers' "no limit" for a tokenizer's model_max_length: exactly 1e30 as a double.
+    assert_eq!(config("1000000000000000019884624838656"), Json::Float(1e30));
+    assert_eq!(
+        config("18446744073709551616"),
+        Json::Float(18446744073709551616.0)
+    );
+    assert_eq!(
+        config("-9223372036854775809"),
+        Json::Float(-9223372036854775808.0)
+    );
+    // Within the range, integers stay integers, as in every document.
+    assert_eq!(config("18446744073709551615"), Json::Uint(u64::MAX));
+    assert_eq!(config("-9223372036854775808"), Json::Int(i64::MIN));
+    assert_eq!(config("-0"), Json::Uint(0));
+    let huge = "9".repeat(400);
+    match parse_config(huge.as_bytes()) {
+        Err(FormatError::Encoding(m)) => assert!(m.contains("out of the float range"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // Documents still refuse them (spec §9).
+    assert!(err("1000000000000000019884624838656").contains("outside"));
+}
+
+#[test]
 fn floats_parse_exactly() {
     for text in [
         "0.1",
