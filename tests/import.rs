@@ -364,6 +364,22 @@ fn overlapping_ranges_are_refused() {
     );
 }
 
+/// safetensors (serde_json) reads `-0` as the float -0.0 and refuses it as a shape or an
+/// offset; so does import, naming the tensor, rather than store a file safetensors cannot open.
+#[test]
+fn a_negative_zero_where_safetensors_wants_an_integer_is_refused() {
+    for header in [
+        "{\"w\":{\"dtype\":\"U8\",\"shape\":[-0],\"data_offsets\":[0,0]}}",
+        "{\"w\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[-0,2]}}",
+    ] {
+        refused(
+            &[("model.safetensors", raw_safetensors(header, &bytes(2, 1)))],
+            "model.safetensors",
+            "\"w\"",
+        );
+    }
+}
+
 #[test]
 fn holes_between_ranges_are_refused() {
     let header = "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[6,8]}}";

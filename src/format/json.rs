@@ -463,7 +463,10 @@ impl<'a> Parser<'a> {
             return Ok(Json::Float(value));
         }
         match magnitude {
-            Some(m) if !negative || m == 0 => Ok(Json::Uint(m)),
+            // `-0` is a float, as serde_json reads it (safetensors refuses it where it wants
+            // an integer).
+            Some(0) if negative => Ok(Json::Float(-0.0)),
+            Some(m) if !negative => Ok(Json::Uint(m)),
             Some(m) if in_range => Ok(Json::Int((m as i64).wrapping_neg())),
             _ => Err(self.fail_at(
                 start,
