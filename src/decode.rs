@@ -382,6 +382,12 @@ pub fn decode(tensor: &Encoded<'_>, out: &mut [u8]) -> DecodeResult<()> {
         return Ok(());
     }
     let rows_per_task = (PARALLEL_BYTES / row_bytes).max(1);
+    if !crate::sync::pool_usable() {
+        return out
+            .chunks_mut(rows_per_task * row_bytes)
+            .enumerate()
+            .try_for_each(|(i, chunk)| decoder.rows((i * rows_per_task) as u64, chunk));
+    }
     out.par_chunks_mut(rows_per_task * row_bytes)
         .enumerate()
         .try_for_each(|(i, chunk)| decoder.rows((i * rows_per_task) as u64, chunk))

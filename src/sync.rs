@@ -1,10 +1,27 @@
-//! Locks that outlive a panic.
+//! Locks that outlive a panic, and the thread pool across `fork()`.
 //!
 //! A panic while a lock is held (a bug in one request) poisons it; the data behind every lock
 //! of this crate stays consistent between statements (caches, counters, indexes), so the next
 //! user takes the lock as it is rather than failing every later request too.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The process whose work first went to rayon's global thread pool (0: none yet).
+static POOL_OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether work may go to rayon's global thread pool in this process. A process forked after
+/// the pool started (a Python loader's worker, forked from a process that read with it) has a
+/// copy of the pool without its threads, and work sent there would wait forever: such a
+/// process does the work on its own thread instead. Every use of the pool asks first, so the
+/// first asker is the process that starts it.
+pub(crate) fn pool_usable() -> bool {
+    let me = std::process::id();
+    match POOL_OWNER.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => true,
+        Err(owner) => owner == me,
+    }
+}
 
 /// `mutex`, locked, poisoned or not.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

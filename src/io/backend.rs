@@ -219,7 +219,9 @@ pub fn read(backend: Backend, requests: &mut [Request<'_>]) -> io::Result<()> {
 /// that a copy outweighs handing it to another thread.
 fn parallel(requests: &[Request<'_>]) -> bool {
     let bytes: usize = requests.iter().map(|r| r.buf.len()).sum();
-    requests.len() >= PARALLEL_MIN && bytes / requests.len() >= PARALLEL_MIN_BYTES
+    requests.len() >= PARALLEL_MIN
+        && bytes / requests.len() >= PARALLEL_MIN_BYTES
+        && crate::sync::pool_usable()
 }
 
 fn read_pread(requests: &mut [Request<'_>]) -> io::Result<()> {
@@ -480,6 +482,12 @@ fn pieces(requests: &[Request<'_>], direct: bool) -> Vec<Piece> {
 fn read_uring(requests: &mut [Request<'_>], direct: bool) -> io::Result<()> {
     let result = RING.with(|cell| {
         let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_some_and(Ring::inherited) {
+            // The parent's ring, copied by fork(): its queues and registered buffers are the
+            // parent's, so reads through it would land in the parent's memory. Left alone
+            // (its fd and mappings only), never drained or used.
+            std::mem::forget(slot.take());
+        }
         if slot.is_none() {
             *slot = Some(new_ring()?);
         }

@@ -91,6 +91,9 @@ pub struct Ring {
     generation: u16,
     /// Reads into the buffers go to the kernel's worker threads (`IOSQE_ASYNC`).
     async_reads: bool,
+    /// The process that made the ring: a child forked from it shares the ring's queues and
+    /// its registered buffers' pages.
+    pid: u32,
 }
 
 // SAFETY: the raw pointers are addresses of mappings the ring owns; nothing else aliases them,
@@ -128,6 +131,7 @@ impl Ring {
             in_flight: 0,
             generation: 0,
             async_reads: false,
+            pid: std::process::id(),
         };
         if register && !ring.buffers.maps.is_empty() {
             let iovecs: Vec<libc::iovec> = ring
@@ -166,6 +170,13 @@ impl Ring {
     /// Whether the buffers are registered (reads into them are `ReadFixed`).
     pub fn fixed(&self) -> bool {
         self.fixed
+    }
+
+    /// Whether this process got the ring by `fork()` from the one that made it: the queues
+    /// and the registered buffers' pages are the maker's, so the ring must not be used here
+    /// (nor drained: the reads in it are the maker's).
+    pub fn inherited(&self) -> bool {
+        self.pid != std::process::id()
     }
 
     /// How many buffers the ring owns.
