@@ -45,6 +45,7 @@ finish() {
     local rc=$?
     set +e
     if is_mounted "$mnt"; then as_user fusermount3 -uz "$mnt"; force_unmount "$mnt"; fi
+    if is_mounted "$work/root-mnt"; then force_unmount "$work/root-mnt"; fi
     chmod "$fuse_mode" /dev/fuse
     if [ -n "$conf_saved" ]; then cp -p "$conf_saved" /etc/fuse.conf; else rm -f /etc/fuse.conf; fi
     if [ $rc -eq 0 ]; then rm -rf "$work"; else log "scratch files kept in $work"; fi
@@ -123,4 +124,18 @@ out="$(as_user "${tfs[@]}" mount "$mnt" --allow-other 2>&1)" || die "--allow-oth
 cmp -s "$src/config.json" "$lane/config.json" || die "root cannot read a user's allow_other mount"
 as_user "$work/tensorfs" unmount "$mnt" >/dev/null
 is_mounted "$mnt" && die "unmount as $user left $mnt mounted"
-log "as $user: import, mount, read, status, a restart after kill -9, allow_other (refused, then allowed) and unmount work"
+
+# Another user's mount: the user is told whose it is (fusermount3 says only "not found in
+# /etc/mtab").
+rootmnt="$work/root-mnt"
+mkdir -p "$rootmnt"
+"$work/tensorfs" --store "$work/root-store" import "$src" --name local/tiny >/dev/null
+"$work/tensorfs" --store "$work/root-store" mount "$rootmnt" >/dev/null || die "root could not mount $work/root-store"
+if out="$(as_user "$work/tensorfs" unmount "$rootmnt" 2>&1)"; then
+    force_unmount "$rootmnt"
+    die "$user unmounted root's mount: $out"
+fi
+is_mounted "$rootmnt" || die "$user's refused unmount left root's mount unmounted"
+"$work/tensorfs" unmount "$rootmnt" >/dev/null || force_unmount "$rootmnt"
+[[ "$out" == *"mounted by user root (uid 0)"* ]] || die "the refusal does not say whose mount it is: $out"
+log "as $user: import, mount, read, status, a restart after kill -9, allow_other (refused, then allowed), unmount, and another user's mount refused, naming its owner, work"

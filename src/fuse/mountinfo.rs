@@ -17,6 +17,15 @@ pub fn is_mounted(mountpoint: &Path) -> bool {
     find_mount(mountpoint).is_some_and(|m| m.is_ours())
 }
 
+/// The user a TensorFS mount on `mountpoint` (canonical) was made by (its `user_id=` option,
+/// which FUSE sets to the mounting user's uid), per `/proc/self/mountinfo`; `None` when no such
+/// mount is listed or it lists no owner.
+pub fn owner(mountpoint: &Path) -> Option<u32> {
+    find_mount(mountpoint)
+        .filter(MountInfo::is_ours)
+        .and_then(|m| m.owner)
+}
+
 /// One mount from `/proc/self/mountinfo`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct MountInfo {
@@ -24,6 +33,8 @@ struct MountInfo {
     device: String,
     fstype: String,
     source: String,
+    /// The `user_id=` super option: who mounted it (FUSE mounts list it).
+    owner: Option<u32>,
 }
 
 impl MountInfo {
@@ -76,12 +87,18 @@ fn parse(text: &str) -> Vec<(PathBuf, MountInfo)> {
             let mut right = right.split(' ');
             let fstype = right.next()?;
             let source = unescape(right.next().unwrap_or(""));
+            let owner = right
+                .next()
+                .unwrap_or("")
+                .split(',')
+                .find_map(|option| option.strip_prefix("user_id=")?.parse().ok());
             Some((
                 path,
                 MountInfo {
                     device: device.to_string(),
                     fstype: fstype.to_owned(),
                     source,
+                    owner,
                 },
             ))
         })
@@ -149,6 +166,14 @@ mod tests {
             .map(|(p, _)| p.display().to_string())
             .collect();
         assert_eq!(ours, ["/tmp/um/mnt", "/tmp/b"]);
+    }
+
+    #[test]
+    fn the_mounting_users_uid_is_read_from_the_super_options() {
+        let text = "46 27 0:41 / /tmp/b ro,nosuid - fuse.tensorfs tensorfs ro,user_id=1001,group_id=1001,allow_other\n\
+                    47 27 0:42 / /tmp/c rw - fuse.tensorfs tensorfs rw\n";
+        let owners: Vec<Option<u32>> = parse(text).into_iter().map(|(_, m)| m.owner).collect();
+        assert_eq!(owners, [Some(1001), None]);
     }
 
     #[test]

@@ -194,6 +194,17 @@ pub enum MountError {
         /// What to do about it.
         hint: &'static str,
     },
+    /// The mount is another user's: only they (or root) may unmount it.
+    #[error(
+        "{} is mounted by {owner}: only that user or root can unmount it",
+        .mountpoint.display()
+    )]
+    NotTheirs {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Who mounted it: `user NAME (uid N)`, or `uid N`.
+        owner: String,
+    },
     /// The path does not exist, so nothing is mounted there.
     #[error("{} does not exist: nothing to unmount", .mountpoint.display())]
     NoSuchPath {
@@ -883,6 +894,17 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
         }
         return Ok(());
     }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if let Some(owner) = super::mountinfo::owner(&path).filter(|&uid| uid != me) {
+        // fusermount3 would say only that the mount is not in /etc/mtab.
+        return Err(MountError::NotTheirs {
+            mountpoint: path,
+            owner: user_name(owner).map_or(format!("uid {owner}"), |name| {
+                format!("user {name} (uid {owner})")
+            }),
+        });
+    }
     // Only the setuid helper may unmount for other users.
     let flag = if lazy { "-uz" } else { "-u" };
     for tries in 1.. {
@@ -906,6 +928,31 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
         return Err(fail(io::Error::other(stderr), ""));
     }
     Ok(())
+}
+
+/// The login name of `uid`, from the user database (`getpwuid_r`).
+fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: passwd is plain data; zeroed is a valid value for the call to overwrite.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is to memory of the length given, live for the call; on success
+    // `found` points at `entry`, whose strings point into `buf`.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated string in `buf`, which outlives this borrow.
+    let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) };
+    Some(name.to_string_lossy().into_owned())
 }
 
 /// Checks that `path` can be mounted on, and returns it canonical.
