@@ -168,6 +168,12 @@ fn rm_refuses_what_it_cannot_take_out_and_says_why() {
     assert!(err.contains("has no release \"9.9\""), "{err}");
     let err = fails(&store, &["rm", &format!("local/a@{}", "0".repeat(64))]);
     assert!(err.contains("names no commit"), "{err}");
+    // A local repo has no releases: the refusal says how to name one lane.
+    let err = fails(&store, &["rm", "local/a", "--lane", "f32"]);
+    assert!(
+        err.contains("local/a@<commit>") && err.contains("tensorfs inspect local/a"),
+        "{err}"
+    );
     assert_eq!(snapshot(&store), before, "a refused rm changes nothing");
 }
 

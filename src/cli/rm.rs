@@ -229,7 +229,11 @@ fn parse<'a>(reference: &'a str, lane: Option<&str>) -> anyhow::Result<(&'a str,
         },
     };
     if lane.is_some() && !matches!(removal, Removal::Release { .. }) {
-        bail!("{reference}: --lane takes one lane out of a release; name the release (ORG/NAME@VERSION)");
+        bail!(
+            "{reference}: --lane takes one lane out of a release; name the release \
+             ({name}@VERSION), or, for a repo without releases (a local import), the lane's \
+             commit ({name}@<commit>, which `tensorfs inspect {name}` shows for each lane)"
+        );
     }
     Ok((name, removal))
 }
