@@ -37,3 +37,36 @@ pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
 }
+
+/// `f` in a forked child: its exit status (0 when `f` says true). The child calls nothing but
+/// `f` and `_exit`, so `f` must only use what survives a fork of a threaded process (atomics,
+/// system calls).
+#[cfg(test)]
+pub(crate) fn in_forked_child(f: impl FnOnce() -> bool) -> i32 {
+    // SAFETY: the child runs `f` and exits without unwinding or running destructors.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let code = if f() { 0 } else { 1 };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    libc::WEXITSTATUS(status)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_forked_child_does_not_use_the_pool_its_parent_started() {
+        assert!(
+            super::pool_usable(),
+            "the first process to ask owns the pool"
+        );
+        let code = super::in_forked_child(|| !super::pool_usable());
+        assert_eq!(code, 0, "the child was told to use its parent's pool");
+        assert!(super::pool_usable());
+    }
+}

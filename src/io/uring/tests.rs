@@ -147,3 +147,10 @@ fn no_more_reads_than_entries_are_in_flight() {
     let err = batch.read_buffer(f.as_fd(), 0, 0, 1, 0, 9).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
 }
+
+#[test]
+fn a_ring_copied_by_fork_is_known_as_the_parents() {
+    let ring = Ring::new(4, Buffers::none(), false).unwrap();
+    assert!(!ring.inherited());
+    assert_eq!(crate::sync::in_forked_child(|| ring.inherited()), 0);
+}
