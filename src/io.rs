@@ -385,6 +385,8 @@ impl ObjectSource for BlobReader {
     }
 }
 
+/// `e` as an `io::Error` of its kind, keeping `e` as its inner error, so a caller that wants
+/// the OS error number (`EMFILE`, `EACCES`) finds it in the chain of sources.
 fn to_io(e: StoreError) -> io::Error {
     let kind = match &e {
         StoreError::Absent { .. } => io::ErrorKind::NotFound,
@@ -392,5 +394,5 @@ fn to_io(e: StoreError) -> io::Error {
         StoreError::Io { source, .. } => source.kind(),
         _ => io::ErrorKind::Other,
     };
-    io::Error::new(kind, e.to_string())
+    io::Error::new(kind, e)
 }

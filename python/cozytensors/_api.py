@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _native
+from . import _fork, _native  # noqa: F401 (_fork: the native reader's locks across fork())
 from ._native import Array
 
 __all__ = [

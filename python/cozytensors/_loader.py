@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional
 import safetensors
 from safetensors import SafetensorError
 
-from . import _native
+from . import _fork, _native
 
 
 def _safetensors_open():
@@ -141,8 +141,18 @@ class safe_open:
         self._maps: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
         self._held: Dict[str, Any] = {}
         self._maps_lock = threading.Lock()
+        _fork.track(self)
+        # Blobs (by store) given to the native reader, which keeps a descriptor of each, and
+        # with it a lock that keeps `tensorfs gc` from sweeping it: let go at close.
+        self._used: Dict[str, set] = {}
+        # What keeps the file open for slices after close ([`_Hold`]): held strongly while
+        # the file is open, then only by the slices.
+        self._hold: Optional[_Hold] = None
+        self._hold_ref = None
+        if not isinstance(backend, str):
+            raise TypeError(f"argument 'backend': {_not_str(backend)}")
         if backend not in ("mmap", "pread"):
-            raise SafetensorError(f"unknown backend {backend!r}: expected 'mmap' or 'pread'")
+            raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         if framework in ("pt", "torch", "numpy", "np"):
             self._device = _check_device(device)
             self._fast = self._open_mounted()
@@ -150,10 +160,20 @@ class safe_open:
             self._inner = self._open_safetensors()
 
     def _open_safetensors(self):
-        """safetensors' own handle of the file, with this handle's arguments."""
+        """safetensors' own handle of the file, with this handle's arguments: of the file this
+        handle opened, through its descriptor, while it is open (the path may name another
+        file by now: a relative one after `chdir`, `latest/` after a new import)."""
         return _safetensors_open()(
-            self._path, framework=self._framework, device=self._device, backend=self._backend
+            self._fd_path(self._open_fd()), framework=self._framework, device=self._device,
+            backend=self._backend,
         )
+
+    def _fd_path(self, fd: Optional[int]) -> str:
+        """A path that opens the file `fd` is open on (`/proc/self/fd/N`), or this handle's
+        path when there is no descriptor, or no `/proc`."""
+        if fd is None or not os.path.isdir("/proc/self/fd"):
+            return self._path
+        return f"/proc/self/fd/{fd}"
 
     def _open_mounted(self) -> bool:
         """Opens the file when it is a TensorFS file whose store this process can read: its
@@ -166,10 +186,10 @@ class safe_open:
             # One descriptor for every query: each open of a mounted file is a request to
             # the daemon, which keeps the file's blobs while it is open.
             self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        except (OSError, ValueError):
+            # Not a file this process may open (absent, a loop, a NUL in the name…):
+            # safetensors says so, with its own error.
             return False
-        except OSError as e:
-            raise OSError(e.errno, f"{self._path}: opening it: {e.strerror}") from e
         fast = False
         try:
             fast = _native.is_fuse(self._fd) and self._take_header() and self._locate_all()
@@ -215,8 +235,33 @@ class safe_open:
         with self._maps_lock:
             fd, self._fd = self._fd, None
             self._held = {}
+            self._hold = None
+            used, self._used = self._used, {}
         if fd is not None:
             os.close(fd)
+        for store, blobs in used.items():
+            _native.release(store, list(blobs))
+
+    def _reading(self, store: str, blobs, call):
+        """`call()`, which gives the native reader `blobs` of `store`: they are let go at
+        close, or, once the file is closed (a slice indexed after close), right after."""
+        try:
+            return call()
+        finally:
+            with self._maps_lock:
+                if self._fd is not None:
+                    self._used.setdefault(store, set()).update(blobs)
+                    blobs = ()
+            if blobs:
+                _native.release(store, list(blobs))
+
+    def _open_fd(self) -> Optional[int]:
+        """A descriptor of the mounted file: the handle's while it is open, after close the
+        one its slices hold; None when neither is."""
+        if self._fd is not None:
+            return self._fd
+        hold = self._hold_ref() if self._hold_ref is not None else None
+        return hold.fd if hold is not None else None
 
     def __del__(self):
         if hasattr(self, "_maps_lock"):
@@ -259,7 +304,8 @@ class safe_open:
         if not self._fast:
             return self._inner.metadata()
         self._check_open()
-        return self._metadata
+        # A new dict each call, as safetensors gives: the caller may change it.
+        return None if self._metadata is None else dict(self._metadata)
 
     def get_slice(self, name: str):
         """A slice object as safetensors' (`get_shape()`, `get_dtype()`, indexing), for the
@@ -271,9 +317,14 @@ class safe_open:
         if not self._fast:
             return self._inner.get_slice(name)
         entry = self._entry(name)
-        if self._framework not in ("pt", "torch") or entry[0] not in _dtypes(True):
+        if self._framework not in ("pt", "torch") or entry[0] not in _dtypes(True) or self._backend == "pread":
             return self._safetensors().get_slice(name)
-        return _Slice(self, name, entry)
+        with self._maps_lock:
+            if self._hold is None:
+                self._hold = _Hold(self._fd)
+                self._hold_ref = weakref.ref(self._hold)
+            hold = self._hold
+        return _Slice(self, name, entry, hold)
 
     def get_tensors(self) -> Dict[str, Any]:
         return {name: self.get_tensor(name) for name in self.offset_keys()}
@@ -285,6 +336,8 @@ class safe_open:
 
     def _entry(self, name: str):
         """The header entry of tensor `name` of the open file, or safetensors' errors."""
+        if not isinstance(name, str):
+            raise TypeError(f"argument 'name': {_not_str(name)}")
         self._check_open()
         entry = self._tensors.get(name)
         if entry is None:
@@ -325,24 +378,29 @@ class safe_open:
             return tensor
         import numpy as np
 
-        return np.frombuffer(buffer, dtype=dtype, count=items, offset=offset).reshape(shape)
+        array = np.frombuffer(buffer, dtype=dtype, count=items, offset=offset).reshape(shape)
+        # safetensors' NumPy arrays are new memory each call; a mapping's view would be shared.
+        return array if isinstance(buffer, bytearray) else array.copy()
 
     def _safetensors_tensor(self, name: str):
         """safetensors' own reading of `name` through the mount (a file closed since the
-        slice was taken is opened again for it)."""
+        slice was taken is opened again for it, through the descriptor the slice holds, so
+        a file removed meanwhile is still the one read)."""
         if self._fd is not None:
             return self._safetensors().get_tensor(name)
         with self._open_safetensors() as again:
             return again.get_tensor(name)
 
     def _empty(self, dtype, shape, device):
+        # Reshaped from no elements: `empty(shape)` computes strides that overflow for a
+        # zero-size shape with huge other dimensions, which safetensors gives.
         if self._framework in ("pt", "torch"):
             import torch
 
-            return torch.empty(shape, dtype=dtype, device=device)
+            return torch.empty(0, dtype=dtype, device=device).reshape(shape)
         import numpy as np
 
-        return np.empty(shape, dtype=dtype)
+        return np.empty(0, dtype=dtype).reshape(shape)
 
     def _extents(self, name: str, begin: int, end: int):
         """The extents of the file's bytes [begin, end) (a tensor, or a part of an encoded
@@ -377,7 +435,8 @@ class safe_open:
         stream = torch.cuda.current_stream(out.device).cuda_stream
         pieces = [(sha, length_, offset, length, stamp) for sha, length_, offset, length, _, stamp in extents]
         try:
-            to_device(store, pieces, out.data_ptr(), end - begin, out.device.index, stream, self._path, name)
+            self._reading(store, [p[0] for p in pieces], lambda: to_device(
+                store, pieces, out.data_ptr(), end - begin, out.device.index, stream, self._path, name))
         except PermissionError:
             return None
         return out.view(dtype).reshape(shape)
@@ -390,30 +449,40 @@ class safe_open:
             sha, blob_length, offset, length, _, stamp = extents[0]
             with self._maps_lock:
                 mapping = self._maps.get(sha)
-                if mapping is None:
-                    mapping = self._map(store, sha, blob_length, stamp, name)
-                    self._maps[sha] = mapping
-                    if self._fd is not None:
-                        self._held[sha] = mapping
+            if mapping is None:
+                # Mapped without the lock, which a native call must not hold (the fork gate;
+                # `_reading` takes it); a thread that mapped it meanwhile wins.
+                made = self._map(store, sha, blob_length, stamp, name)
+                with self._maps_lock:
+                    mapping = self._maps.get(sha)
+                    if mapping is None:
+                        mapping = self._maps[sha] = made
+                        if self._fd is not None:
+                            self._held[sha] = mapping
             # Cold, the mapping would be read fault by fault: ask for the range at once.
             _native.will_need(mapping._blob.address + offset, length)
             return mapping, offset
         pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
-        return _native.read(store, pieces, end - begin, f"{self._path}: tensor {name!r}"), 0
+        read = lambda: _native.read(store, pieces, end - begin, f"{self._path}: tensor {name!r}")  # noqa: E731
+        return self._reading(store, [p[0] for p in pieces], read), 0
 
     def _map(self, store: str, sha: str, blob_length: int, stamp, name: str):
         """A writable buffer over a copy-on-write mapping of the blob `sha`, its bytes
         proven. The mapping keeps no descriptor; it goes with the last buffer over it."""
-        blob = _native.map_blob(store, sha, blob_length, f"{self._path}: tensor {name!r}", stamp)
+        # Without the daemon's stamp, or with one the blob no longer has, the native reader
+        # proves the blob.
+        blob = self._reading(store, [sha], lambda: _native.map_blob(
+            store, sha, blob_length, f"{self._path}: tensor {name!r}", stamp))
         view = (ctypes.c_char * blob.length).from_address(blob.address)
         view._blob = blob
         return view
 
     def _locate(self, name: str, begin: int, end: int, what: str):
         """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor."""
-        if self._fd is not None:
-            located = _native.locate(self._fd, self._path, name)
-        else:  # a slice taken before the file was closed
+        fd = self._open_fd()
+        if fd is not None:
+            located = _native.locate(fd, self._path, name)
+        else:
             fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 located = _native.locate(fd, self._path, name)
@@ -428,14 +497,39 @@ class safe_open:
         return [(*e, None) for e in part["extents"]], located["store"]
 
 
+def _not_str(value) -> str:
+    """What pyo3 says of an argument that is not a `str`, as safetensors' errors say it."""
+    if value is None:
+        return "'None' is not an instance of 'str'"
+    return f"'{type(value).__name__}' object is not an instance of 'str'"
+
+
+class _Hold:
+    """A descriptor of a mounted file, duplicated from its handle's, that the handle's slices
+    share: while it is open the daemon keeps the file's blobs from collections, so a slice
+    indexed after the file is closed, and after the model is removed and collected, still
+    reads its bytes, as a slice of safetensors' own mapping of the file does. Closed with the
+    last slice."""
+
+    __slots__ = ("fd", "__weakref__")
+
+    def __init__(self, fd: int):
+        self.fd = os.dup(fd)
+
+    def __del__(self):
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            os.close(fd)
+
+
 class _Slice:
     """What `safe_open.get_slice` gives for torch: a tensor's dtype and shape from the header,
     and its bytes from the blobs once indexed."""
 
-    __slots__ = ("_file", "_name", "_entry")
+    __slots__ = ("_file", "_name", "_entry", "_hold")
 
-    def __init__(self, file: "safe_open", name: str, entry):
-        self._file, self._name, self._entry = file, name, entry
+    def __init__(self, file: "safe_open", name: str, entry, hold: _Hold):
+        self._file, self._name, self._entry, self._hold = file, name, entry, hold
 
     def get_shape(self) -> List[int]:
         return list(self._entry[1])

@@ -97,12 +97,17 @@ pub fn open_checkpoint(
     endpoint: Option<&str>,
     token: Option<String>,
 ) -> PyResult<Checkpoint> {
-    if name.contains('@') && release.is_some() {
-        return Err(failure(
-            "invalid",
-            format!("{name:?} names a revision after '@' and release= names another"),
-        ));
-    }
+    // `name@rev` with `release=rev` says the same twice; with another release, it is refused.
+    let release = match (name.split_once('@'), release) {
+        (Some((_, named)), Some(release)) if named == release => None,
+        (Some(_), Some(_)) => {
+            return Err(failure(
+                "invalid",
+                format!("{name:?} names a revision after '@' and release= names another"),
+            ))
+        }
+        (_, release) => release,
+    };
     let reference = match release {
         Some(release) => format!("{name}@{release}"),
         None => name.to_owned(),
@@ -119,16 +124,17 @@ pub fn open_checkpoint(
                 ));
             }
             let opened = Store::open_existing(&store).map_err(|e| store_failure(&e))?;
-            let (target, commit) = py
-                .detach(|| revisions::resolve_one(&opened, &reference, lane))
-                .map_err(|e| resolve_failure(&e))?;
+            let (target, commit) =
+                crate::detached(py, || revisions::resolve_one(&opened, &reference, lane))
+                    .map_err(|e| resolve_failure(&e))?;
             let source: Arc<dyn ObjectSource> = crate::reader(&store)?;
             (opened, target, commit, source)
         }
         Some(endpoint) => {
             let opened = Store::open(&store).map_err(|e| store_failure(&e))?;
-            let (target, commit, source) =
-                py.detach(|| open_remote(&opened, endpoint, token, &reference, lane))?;
+            let (target, commit, source) = crate::detached(py, || {
+                open_remote(&opened, endpoint, token, &reference, lane)
+            })?;
             (opened, target, commit, source)
         }
     };
@@ -141,11 +147,10 @@ pub fn open_checkpoint(
                 .chain([&commit.header_ref, &commit.id]),
         )
         .ok();
-    let release = release.map(str::to_owned).or_else(|| {
-        name.split_once('@')
-            .map(|(_, r)| r.to_owned())
-            .filter(|r| r != revisions::LATEST)
-    });
+    let release = release
+        .map(str::to_owned)
+        .or_else(|| name.split_once('@').map(|(_, r)| r.to_owned()))
+        .filter(|r| r != revisions::LATEST);
     Ok(Checkpoint {
         reader: source,
         remote: endpoint.is_some(),
@@ -288,7 +293,7 @@ impl Checkpoint {
             });
             rest = tail;
         }
-        py.detach(|| self.reader.read_objects(&mut reads))
+        crate::detached(py, || self.reader.read_objects(&mut reads))
             .map_err(|e| read_failure(what, &e, self.remote))?;
         Ok(bytes)
     }
@@ -348,7 +353,7 @@ impl Checkpoint {
             .pieces(location)
             .map(|(chunk, offset, length)| (header.chunks[chunk], offset, length))
             .collect();
-        let proven = py.detach(|| {
+        let proven = crate::detached(py, || {
             let mut seen: Vec<ObjectRef> = Vec::new();
             pieces.iter().all(|(object, _, _)| {
                 seen.contains(object) || {
@@ -362,8 +367,7 @@ impl Checkpoint {
             return upload(py, &bytes, what, ordinal);
         }
         let located = Located::bytes(&self.label(), what, &self.root, &pieces);
-        let tensor = py
-            .detach(|| device::with_loader(ordinal, |l| l.load(&located)))
+        let tensor = crate::detached(py, || device::with_loader(ordinal, |l| l.load(&located)))
             .map_err(|e| gpu_failure(what, e))?;
         let part = tensor.parts.into_iter().next().expect("one part");
         Ok(Storage::Device(device::DeviceBytes::new(part.data)))
@@ -384,9 +388,10 @@ impl Checkpoint {
 /// Host `bytes` copied to CUDA device `ordinal`.
 #[cfg(feature = "cuda")]
 fn upload(py: Python<'_>, bytes: &Bytes, what: &str, ordinal: usize) -> PyResult<Storage> {
-    let slice = py
-        .detach(|| device::with_loader(ordinal, |l| l.upload(bytes.as_slice(), what)))
-        .map_err(|e| gpu_failure(what, e))?;
+    let slice = crate::detached(py, || {
+        device::with_loader(ordinal, |l| l.upload(bytes.as_slice(), what))
+    })
+    .map_err(|e| gpu_failure(what, e))?;
     Ok(Storage::Device(device::DeviceBytes::new(slice)))
 }
 
@@ -565,14 +570,15 @@ impl Checkpoint {
                 let size = decode::Logical::of(&t.dtype).map(|l| l.size()).unwrap_or(0);
                 let elements: u64 = t.shape.iter().product();
                 let mut out = Bytes::zeroed((elements as usize).saturating_mul(size));
-                py.detach(|| decode::decode(&tensor, out.as_mut_slice()))
-                    .map_err(|e| {
+                crate::detached(py, || decode::decode(&tensor, out.as_mut_slice())).map_err(
+                    |e| {
                         let code = match e {
                             decode::DecodeError::UnknownScheme(_) => "unknown_scheme",
                             _ => "decode",
                         };
                         failure(code, format!("{what}: {e}"))
-                    })?;
+                    },
+                )?;
                 Ok(self
                     .place(py, &t.dtype, &t.shape, out, &what, device)?
                     .into_pyobject(py)?
@@ -607,15 +613,30 @@ impl Checkpoint {
         })?;
         let what = format!("{}: {}/{name}", self.label(), c.name);
         let mut buf = vec![0u8; object.length as usize];
-        py.detach(|| self.reader.read_object(&object, 0, &mut buf))
+        crate::detached(py, || self.reader.read_object(&object, 0, &mut buf))
             .map_err(|e| read_failure(&what, &e, self.remote))?;
         Ok(PyBytes::new(py, &buf))
     }
 
-    /// Releases the hold on this commit's objects (a later collection may then sweep them
-    /// if no ref keeps them); arrays already read stay valid.
+    /// Releases the hold on this commit's objects, and the descriptors the reader keeps of
+    /// its chunks' blobs (a later collection may then sweep them if no ref keeps them);
+    /// arrays already read stay valid, and a later read opens its blobs again.
     fn close(&self) {
+        self.release();
+    }
+}
+
+impl Checkpoint {
+    fn release(&self) {
         self.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let chunks: Vec<_> = self.commit.header.objects().map(|o| o.sha256).collect();
+        self.reader.close(&chunks);
+    }
+}
+
+impl Drop for Checkpoint {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

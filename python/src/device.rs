@@ -163,7 +163,7 @@ pub fn to_device(
         ptr: address,
         len: length,
     };
-    py.detach(|| {
+    crate::detached(py, || {
         let after = stream as cudarc::driver::sys::CUstream;
         with_loader(ordinal, |loader| {
             // SAFETY: the caller owns `length` bytes at `address` on device `ordinal`, allocated

@@ -37,6 +37,90 @@ mod device;
 mod failure;
 mod mounted;
 
+/// Native work done without the GIL, and `fork()`: a child gets a copy of every lock as it
+/// was, held by threads it does not have, so a fork while another thread is inside the
+/// reader (proving a blob, reading one) would leave the child waiting forever on its next
+/// read. Such work passes through this gate ([`detached`]), and `os.fork()` waits, in
+/// [`before_fork`] (registered with `os.register_at_fork`), until none is inside and keeps new
+/// work out until [`after_fork`].
+mod fork_gate {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    use std::time::{Duration, Instant};
+
+    static INSIDE: AtomicUsize = AtomicUsize::new(0);
+    static FORKING: AtomicBool = AtomicBool::new(false);
+
+    /// How long a fork waits for work inside; past it, the fork goes on (a read stuck on a
+    /// dead disk must not hang the parent too).
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    /// A pass through the gate, held while native work runs.
+    pub struct Pass(());
+
+    impl Pass {
+        /// Waits while a fork is under way, then enters. Atomics only: a lock could itself be
+        /// copied held into the child.
+        pub fn enter() -> Pass {
+            loop {
+                while FORKING.load(SeqCst) {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                INSIDE.fetch_add(1, SeqCst);
+                if !FORKING.load(SeqCst) {
+                    return Pass(());
+                }
+                INSIDE.fetch_sub(1, SeqCst);
+            }
+        }
+    }
+
+    impl Drop for Pass {
+        fn drop(&mut self) {
+            INSIDE.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Closes the gate and waits until no work is inside (at most [`PATIENCE`]).
+    pub fn close() {
+        FORKING.store(true, SeqCst);
+        let start = Instant::now();
+        while INSIDE.load(SeqCst) > 0 && start.elapsed() < PATIENCE {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Opens the gate again (in the parent and in the child).
+    pub fn open() {
+        FORKING.store(false, SeqCst);
+    }
+}
+
+/// `f` run without the GIL, through the fork gate ([`fork_gate`]).
+pub(crate) fn detached<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: Send + FnOnce() -> T,
+    T: Send,
+{
+    py.detach(|| {
+        let _pass = fork_gate::Pass::enter();
+        f()
+    })
+}
+
+/// Called by `os.fork()` before it forks (with the GIL): waits until no native work is
+/// under way and keeps new work from starting, so the child's copies of the reader's locks
+/// are free.
+#[pyfunction]
+fn before_fork() {
+    fork_gate::close();
+}
+
+/// Called by `os.fork()` after it forks, in the parent and in the child: work may start again.
+#[pyfunction]
+fn after_fork() {
+    fork_gate::open();
+}
+
 /// One reader per store root for the life of the process: each blob is proven once.
 static READERS: Mutex<Option<HashMap<PathBuf, Arc<BlobReader>>>> = Mutex::new(None);
 
@@ -44,14 +128,30 @@ fn os_error(errno: i32, message: String) -> PyErr {
     PyOSError::new_err((errno, message))
 }
 
-/// The errno of a read's error: by kind, since the reader's errors wrap the OS error in a
-/// message naming the blob (a damaged blob is `EIO`).
+/// The errno of a read's error: the OS error's own, also where the reader wrapped it in an
+/// error naming the blob (`EMFILE` stays `EMFILE`); else by kind (a damaged blob is `EIO`).
 fn errno_of(e: &io::Error) -> i32 {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = cause {
+        if let Some(code) = error
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+        {
+            return code;
+        }
+        cause = match error.downcast_ref::<io::Error>() {
+            // An `io::Error`'s `source()` skips its inner error: step into that first.
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => error.source(),
+        };
+    }
     match e.kind() {
         io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => libc::EIO,
         io::ErrorKind::PermissionDenied => libc::EACCES,
         io::ErrorKind::NotFound => libc::ENOENT,
-        _ => e.raw_os_error().unwrap_or(libc::EIO),
+        _ => libc::EIO,
     }
 }
 
@@ -59,6 +159,12 @@ fn io_error(what: &str, e: &io::Error) -> PyErr {
     let errno = errno_of(e);
     os_error(errno, format!("{what}: {e}"))
 }
+
+/// Most blob descriptors a reader keeps open (the daemon's keeps 1024). A loader reads blob
+/// after blob, and shares the process's descriptor limit (1024 by default) with everything
+/// else the program opens; a blob let go is opened again and proven by the stamp the reader
+/// noted, without hashing.
+const OPEN_BLOBS: usize = 64;
 
 /// The reader of the store at `root`.
 fn reader(root: &Path) -> PyResult<Arc<BlobReader>> {
@@ -76,7 +182,11 @@ fn reader(root: &Path) -> PyResult<Arc<BlobReader>> {
         };
         os_error(errno, format!("the store {}: {e}", root.display()))
     })?;
-    let reader = Arc::new(BlobReader::new(store, BlobReaderConfig::default()));
+    let config = BlobReaderConfig {
+        max_open_files: OPEN_BLOBS,
+        ..BlobReaderConfig::default()
+    };
+    let reader = Arc::new(BlobReader::new(store, config));
     readers.insert(root.to_path_buf(), reader.clone());
     Ok(reader)
 }
@@ -284,8 +394,7 @@ fn proven_blob(
         }
     }
     let reader = reader(store)?;
-    py.detach(|| reader.proven_file(object))
-        .map_err(|e| io_error(what, &e))
+    detached(py, || reader.proven_file(object)).map_err(|e| io_error(what, &e))
 }
 
 /// Starts reading the `length` bytes at `address`, in a mapping of a blob, into the page
@@ -359,12 +468,26 @@ fn read(
             rest = tail;
         }
         // The bytearray is not yet visible to Python: filling it without the GIL is safe.
-        failed = py.detach(|| reader.read_objects(&mut reads)).err();
+        failed = detached(py, || reader.read_objects(&mut reads)).err();
         Ok(())
     })?;
     match failed {
         Some(e) => Err(io_error(what, &e)),
         None => Ok(bytes.unbind()),
+    }
+}
+
+/// Closes the descriptors that this process's reader of the store at `store` keeps of the
+/// blobs `sha256s` (hex) since it proved them, and with them their shared locks, which keep a
+/// collection (`tensorfs gc`) from sweeping a blob: a handle calls it when it closes. A later
+/// read opens the blob again and proves it by the stamp the reader noted, without hashing.
+/// Blobs it does not keep open, and a store it has no reader of, are left alone.
+#[pyfunction]
+fn release(store: PathBuf, sha256s: Vec<String>) {
+    let readers = READERS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(reader) = readers.as_ref().and_then(|r| r.get(&store)) {
+        let digests: Vec<Sha256> = sha256s.iter().filter_map(|s| s.parse().ok()).collect();
+        reader.close(&digests);
     }
 }
 
@@ -401,6 +524,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(map_blob, m)?)?;
     m.add_function(wrap_pyfunction!(read, m)?)?;
     m.add_function(wrap_pyfunction!(will_need, m)?)?;
+    m.add_function(wrap_pyfunction!(release, m)?)?;
+    m.add_function(wrap_pyfunction!(before_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(after_fork, m)?)?;
     #[cfg(feature = "cuda")]
     m.add_function(wrap_pyfunction!(device::to_device, m)?)?;
     Ok(())
@@ -423,5 +549,27 @@ mod tests {
             errno_of(&io::Error::from_raw_os_error(libc::EROFS)),
             libc::EROFS
         );
+    }
+
+    /// The store's errors name the blob and keep the OS error as their source: a reader out
+    /// of descriptors says `EMFILE`, not `EIO`.
+    #[test]
+    fn an_os_error_under_the_stores_own_error_is_found() {
+        #[derive(Debug)]
+        struct Naming(io::Error);
+        impl std::fmt::Display for Naming {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "open blobs/ab/cd/abcd: {}", self.0)
+            }
+        }
+        impl std::error::Error for Naming {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let emfile = io::Error::other(Naming(io::Error::from_raw_os_error(libc::EMFILE)));
+        assert_eq!(errno_of(&emfile), libc::EMFILE);
+        let plain = io::Error::other(Naming(io::Error::other("no errno")));
+        assert_eq!(errno_of(&plain), libc::EIO);
     }
 }

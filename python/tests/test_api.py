@@ -192,6 +192,10 @@ def test_errors_are_one_family_with_codes(store):
         error(lambda: cozytensors.open(bad, store=root), cozytensors.InvalidError, "invalid")
     error(lambda: cozytensors.open("local/plain", endpoint="http://127.0.0.1:9", store=root), cozytensors.InvalidError, "invalid", "local")
     error(lambda: cozytensors.open("local/plain@latest", release="1.0", store=root), cozytensors.InvalidError, "invalid", "release=")
+    # The same revision named twice is that revision; `latest` names no release.
+    for name, release in [("local/plain@latest", "latest"), ("local/plain", "latest"), ("local/plain@latest", None)]:
+        with cozytensors.open(name, release=release, store=root) as ckpt:
+            assert ckpt.release is None, (name, release)
     # Two lanes and none named: say which.
     tensorfs(root, "quantize", "local/dense", "--scheme", "int8.rowwise", "--name", "local/dense")
     error(lambda: cozytensors.open("local/dense", store=root), cozytensors.InvalidError, "invalid", "int8.rowwise")
@@ -249,9 +253,19 @@ def test_an_open_checkpoint_holds_its_objects_against_gc(store, tmp_path):
     blobs = {p for p in (root / "blobs").rglob("*") if p.is_file()}
     ckpt.close()
     assert not holds(), "the hold ends with close()"
-    tensorfs(root, "gc", "--grace", "0")
+    assert not [f for f in os.listdir("/proc/self/fd") if str(root) in _link(f)], \
+        "close() lets go of the blobs the reads opened (their locks keep gc from sweeping them)"
+    report = json.loads(tensorfs(root, "gc", "--grace", "0", "--json"))
+    assert report["busy"] == 0, report
     after = {p for p in (root / "blobs").rglob("*") if p.is_file()}
     assert after < blobs, "what the hold kept is collected once it ends"
+
+
+def _link(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
 
 
 def test_an_endpoints_checkpoint_fetches_only_what_is_read(store, tmp_path):
