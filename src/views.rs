@@ -705,6 +705,17 @@ impl Builder {
 
     /// Records how the build of `filling` ended: a view, or a failure not tried again.
     fn finish(&self, filling: &Filling, result: io::Result<u64>) {
+        // The build read its holes after the file's last close, maybe: the source would keep
+        // those blobs open, and their shared locks would keep a collection from a model
+        // removed meanwhile for as long as the mount runs. A file still open opens them again.
+        self.source.close(
+            &filling
+                .content
+                .chunks_from(0, usize::MAX)
+                .iter()
+                .map(|c| c.sha256)
+                .collect::<Vec<_>>(),
+        );
         let size = filling.content.size();
         let mut index = lock(&self.index);
         // Absent when building stopped: its file is gone already.

@@ -226,6 +226,63 @@ fn an_open_file_of_a_removed_model_reads_through_a_collection_and_is_freed_once_
     m.unmount();
 }
 
+/// A view's build reads the holes the file's reads left after the reads pause, which is often
+/// after the file's last close: the daemon kept those blobs open (a shared lock each), and a
+/// collection left them "open by readers" for as long as the mount ran.
+#[test]
+fn a_model_whose_file_got_a_view_is_freed_once_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    // Two chunks: the view starts after an eighth of the file is served, and the build reads
+    // that part again from the first chunk.
+    let a = dir.path().join("a.safetensors");
+    let tensors = [
+        T(
+            "a.weight",
+            safetensors::Dtype::U8,
+            vec![4000],
+            bytes(4000, 3),
+        ),
+        T(
+            "b.weight",
+            safetensors::Dtype::U8,
+            vec![80 << 20],
+            bytes(80 << 20, 4),
+        ),
+    ];
+    fs::write(&a, safetensors_file(&tensors, None)).unwrap();
+    ok(&root, &["import", a.to_str().unwrap(), "--name", "local/a"]);
+    let unique: u64 = closure(&root, "local/a").iter().map(|(_, len)| len).sum();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let views = dir.path().join("views");
+    mount_background(
+        &root,
+        &mnt,
+        &dir.path().join("mount.log"),
+        &["--view-cache", "1G", "--view-dir", views.to_str().unwrap()],
+    );
+    let _unmount = Unmount(mnt.clone());
+    let lane = fuse_support::list(&mnt.join("local/a/latest")).remove(0);
+    let path = mnt.join(format!("local/a/latest/{lane}/a.safetensors"));
+    fs::read(&path).unwrap();
+    fuse_support::wait_for(
+        || fuse_support::xattr(&path, "user.tensorfs.view").as_deref() == Some(b"ready"),
+        "the file's view",
+    );
+    ok(&root, &["rm", "local/a"]);
+    let mut freed = 0;
+    fuse_support::wait_for(
+        || {
+            let report = gc(&root, &["--grace", "0"]);
+            freed += report["removed_bytes"].as_u64().unwrap();
+            freed == unique
+        },
+        "the model's objects to be freed while the mount runs",
+    );
+    ok(&root, &["unmount", mnt.to_str().unwrap()]);
+}
+
 #[test]
 fn a_collection_killed_at_any_point_leaves_every_ref_complete_and_the_next_one_finishes() {
     let dir = tempfile::tempdir().unwrap();

@@ -304,7 +304,7 @@ impl SafetensorsPlan {
         let first = self
             .segments
             .partition_point(|s| s.file_offset + s.length <= offset);
-        let mut out: Vec<ObjectRef> = Vec::with_capacity(count);
+        let mut out: Vec<ObjectRef> = Vec::with_capacity(count.min(self.chunks.len()));
         for segment in &self.segments[first..] {
             if out.len() >= count {
                 break;

@@ -76,6 +76,20 @@ pub fn mount_background(store: &Path, mnt: &Path, log: &Path, extra: &[&str]) ->
     ok(store, &args)
 }
 
+/// Unmounts its mount point lazily when dropped, if something is still mounted there, so a
+/// failing test leaves no mount behind.
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 /// A safetensors file from raw header JSON text and a data buffer.
 pub fn raw_safetensors(header: &str, data: &[u8]) -> Vec<u8> {
     let mut out = (header.len() as u64).to_le_bytes().to_vec();
