@@ -226,9 +226,14 @@ impl Store {
             });
         }
         let record = root.join("format");
-        let bytes = fs::read(&record).map_err(|e| StoreError::NotAStore {
-            path: root.clone(),
-            why: format!("is not a store ({}: {e})", record.display()),
+        let bytes = fs::read(&record).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => StoreError::NotAStore {
+                path: root.clone(),
+                why: format!("is not a store ({}: {e})", record.display()),
+            },
+            // A record that cannot be read now (out of descriptors, no permission) says
+            // nothing of what the folder is: the OS error, with its errno.
+            _ => io_err("read", &record)(e),
         })?;
         check_format(&record, &bytes)?;
         let root = fs::canonicalize(&root).map_err(io_err("resolve", &root))?;
@@ -607,5 +612,27 @@ mod tests {
         let err = Store::open(&older).unwrap_err();
         assert!(err.to_string().contains("tensorfs.store/2"), "{err}");
         assert!(Store::open_existing(dir.path().join("absent")).is_err());
+    }
+
+    /// A format record that cannot be read now (a process out of descriptors: EMFILE) is an
+    /// I/O error with its errno, not "not a store": the folder may well be one.
+    #[test]
+    fn a_format_record_that_cannot_be_read_is_an_io_error_with_its_errno() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        Store::open(&root).unwrap();
+        fs::remove_file(root.join("format")).unwrap();
+        fs::create_dir(root.join("format")).unwrap();
+        match Store::open_existing(&root) {
+            Err(StoreError::Io { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(libc::EISDIR))
+            }
+            other => panic!("{other:?}"),
+        }
+        fs::remove_dir(root.join("format")).unwrap();
+        assert!(matches!(
+            Store::open_existing(&root),
+            Err(StoreError::NotAStore { .. })
+        ));
     }
 }
