@@ -42,19 +42,6 @@ fn mounted(dir: &Path, extra: &[&str]) -> (Vec<u8>, PathBuf, PathBuf) {
     (file, store, mnt)
 }
 
-/// Unmounts on drop, whatever the test did.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
-
 fn status(store: &Path, mnt: &Path) -> serde_json::Value {
     let said = ok(store, &["status", mnt.to_str().unwrap(), "--json"]);
     serde_json::from_str::<serde_json::Value>(&said).unwrap()[0].clone()
@@ -108,9 +95,9 @@ fn no_passthrough(name: &str) -> bool {
 
 /// [`mounted`] with views on, its file read once so it has a view, which later opens pass
 /// through to: (the file's bytes, store, mount point, the mounted file, its unmounting).
-fn mounted_with_a_view(dir: &Path) -> (Vec<u8>, PathBuf, PathBuf, PathBuf, Cleanup) {
+fn mounted_with_a_view(dir: &Path) -> (Vec<u8>, PathBuf, PathBuf, PathBuf, Unmount) {
     let (want, store, mnt) = mounted(dir, &[]);
-    let cleanup = Cleanup(mnt.clone());
+    let cleanup = Unmount(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     viewed(&store, &mnt, &path, &want);
     (want, store, mnt, path, cleanup)
@@ -143,7 +130,7 @@ fn uncache(path: &Path) {
 fn a_request_the_killed_daemon_left_unanswered_is_answered_by_the_next() {
     let dir = tempfile::tempdir().unwrap();
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let first = status(&store, &mnt);
     let supervisor = pid(&first["pid"]);
     let server = pid(&first["server_pid"]);
@@ -199,7 +186,7 @@ fn a_request_the_killed_daemon_left_unanswered_is_answered_by_the_next() {
 fn readers_finish_with_the_right_bytes_while_the_daemon_is_killed_and_restarted() {
     let dir = tempfile::tempdir().unwrap();
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     uncache(&path);
     let step = 256 << 10;
@@ -308,7 +295,7 @@ fn a_file_open_through_passthrough_opens_again_after_a_restart() {
 fn a_daemon_that_keeps_dying_ends_the_mount() {
     let dir = tempfile::tempdir().unwrap();
     let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let supervisor = pid(&status(&store, &mnt)["pid"]);
     let limit = tensorfs::fuse::supervise::MAX_RESTARTS;
     for _ in 0..limit {
@@ -334,7 +321,7 @@ fn a_daemon_that_keeps_dying_ends_the_mount() {
 fn an_open_file_of_a_removed_model_keeps_its_bytes_through_a_restart_and_a_collection() {
     let dir = tempfile::tempdir().unwrap();
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     let mut held = fs::File::open(&path).unwrap();
     let mut head = [0u8; 4096];
@@ -362,7 +349,7 @@ fn an_open_file_of_a_removed_model_keeps_its_bytes_through_a_restart_and_a_colle
 fn sigterm_to_the_daemon_replaces_it_and_the_mount_stays() {
     let dir = tempfile::tempdir().unwrap();
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     let held = fs::File::open(&path).unwrap();
     let server = pid(&status(&store, &mnt)["server_pid"]);
@@ -387,7 +374,7 @@ fn a_reload_onto_a_binary_that_does_not_start_falls_back_to_the_running_one() {
     fs::copy(env!("CARGO_BIN_EXE_tensorfs"), &bin).unwrap();
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     ok_command(
         std::process::Command::new(&bin)
             .arg("--store")
@@ -420,7 +407,7 @@ fn a_reload_onto_a_binary_that_does_not_start_falls_back_to_the_running_one() {
 fn a_lazily_detached_mount_serves_its_open_file_through_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     let mut held = fs::File::open(&path).unwrap();
     let s = status(&store, &mnt);
@@ -449,7 +436,7 @@ fn a_lazily_detached_mount_serves_its_open_file_through_a_restart() {
 fn status_names_a_hung_daemon_and_killing_it_replaces_it() {
     let dir = tempfile::tempdir().unwrap();
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let server = pid(&status(&store, &mnt)["server_pid"]);
     let found = tensorfs::fuse::takeover::daemons_of(&mnt.canonicalize().unwrap());
     let pids: Vec<u32> = found.iter().map(|(pid, _)| *pid).collect();
@@ -477,7 +464,7 @@ fn status_names_a_hung_daemon_and_killing_it_replaces_it() {
 fn status_ends_when_the_daemon_hangs_after_reading_its_question() {
     let dir = tempfile::tempdir().unwrap();
     let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let server = pid(&status(&store, &mnt)["server_pid"]);
     for round in 0..150u64 {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -508,7 +495,7 @@ fn status_ends_when_the_daemon_hangs_after_reading_its_question() {
 fn unmount_does_not_wait_on_a_hung_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let (_, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let s = status(&store, &mnt);
     let server = pid(&s["server_pid"]);
     kill(server, libc::SIGSTOP);
@@ -539,7 +526,7 @@ fn a_stop_during_a_restart_is_not_kept_waiting_for_the_start() {
     fs::copy(env!("CARGO_BIN_EXE_tensorfs"), bin.join("tensorfs")).unwrap();
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     ok_command(
         std::process::Command::new(bin.join("tensorfs"))
             .arg("--store")
@@ -582,7 +569,7 @@ fn a_stop_during_a_restart_is_not_kept_waiting_for_the_start() {
 fn holds_outlive_the_daemon_that_took_them() {
     let dir = tempfile::tempdir().unwrap();
     let (want, store, mnt) = mounted(dir.path(), &["--view-cache", "0"]);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     let mut held = fs::File::open(&path).unwrap();
     ok(&store, &["rm", "local/big"]);
@@ -642,7 +629,7 @@ fn opens_and_closes_through_restarts(views: bool) {
     let dir = tempfile::tempdir().unwrap();
     let extra: &[&str] = if views { &[] } else { &["--view-cache", "0"] };
     let (want, store, mnt) = mounted(dir.path(), extra);
-    let _cleanup = Cleanup(mnt.clone());
+    let _cleanup = Unmount(mnt.clone());
     let path = mnt.join("local/big/latest/u8/model.safetensors");
     if views {
         viewed(&store, &mnt, &path, &want);

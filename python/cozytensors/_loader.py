@@ -145,9 +145,8 @@ class safe_open:
         # Blobs (by store) given to the native reader, which keeps a descriptor of each, and
         # with it a lock that keeps `tensorfs gc` from sweeping it: let go at close.
         self._used: Dict[str, set] = {}
-        # What keeps the file open for slices after close ([`_Hold`]): held strongly while
-        # the file is open, then only by the slices.
-        self._hold: Optional[_Hold] = None
+        # What keeps the file open for slices after close ([`_Hold`]): held by the slices
+        # alone, and found through this weak reference while one lives.
         self._hold_ref = None
         if not isinstance(backend, str):
             raise TypeError(f"argument 'backend': {_not_str(backend)}")
@@ -235,7 +234,6 @@ class safe_open:
         with self._maps_lock:
             fd, self._fd = self._fd, None
             self._held = {}
-            self._hold = None
             used, self._used = self._used, {}
         if fd is not None:
             os.close(fd)
@@ -260,8 +258,12 @@ class safe_open:
         one its slices hold; None when neither is."""
         if self._fd is not None:
             return self._fd
-        hold = self._hold_ref() if self._hold_ref is not None else None
+        hold = self._live_hold()
         return hold.fd if hold is not None else None
+
+    def _live_hold(self) -> Optional["_Hold"]:
+        """The [`_Hold`] a live slice of this handle keeps, if any."""
+        return self._hold_ref() if self._hold_ref is not None else None
 
     def __del__(self):
         if hasattr(self, "_maps_lock"):
@@ -320,10 +322,10 @@ class safe_open:
         if self._framework not in ("pt", "torch") or entry[0] not in _dtypes(True) or self._backend == "pread":
             return self._safetensors().get_slice(name)
         with self._maps_lock:
-            if self._hold is None:
-                self._hold = _Hold(self._fd)
-                self._hold_ref = weakref.ref(self._hold)
-            hold = self._hold
+            hold = self._live_hold()
+            if hold is None:
+                hold = _Hold(self._fd)
+                self._hold_ref = weakref.ref(hold)
         return _Slice(self, name, entry, hold)
 
     def get_tensors(self) -> Dict[str, Any]:
@@ -478,16 +480,10 @@ class safe_open:
         return view
 
     def _locate(self, name: str, begin: int, end: int, what: str):
-        """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor."""
-        fd = self._open_fd()
-        if fd is not None:
-            located = _native.locate(fd, self._path, name)
-        else:
-            fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                located = _native.locate(fd, self._path, name)
-            finally:
-                os.close(fd)
+        """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor
+        through the handle's descriptor, or after close through its slices' ([`_Hold`]): only
+        a slice reads after close."""
+        located = _native.locate(self._open_fd(), self._path, name)
         if located is None:
             raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
         # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.

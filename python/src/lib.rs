@@ -133,17 +133,14 @@ fn os_error(errno: i32, message: String) -> PyErr {
 fn errno_of(e: &io::Error) -> i32 {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(error) = cause {
-        if let Some(code) = error
-            .downcast_ref::<io::Error>()
-            .and_then(io::Error::raw_os_error)
-        {
-            return code;
-        }
         cause = match error.downcast_ref::<io::Error>() {
-            // An `io::Error`'s `source()` skips its inner error: step into that first.
-            Some(io) => io
-                .get_ref()
-                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            Some(io) => match io.raw_os_error() {
+                Some(code) => return code,
+                // An `io::Error`'s `source()` skips its inner error: step into that.
+                None => io
+                    .get_ref()
+                    .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            },
             None => error.source(),
         };
     }
@@ -174,13 +171,8 @@ fn reader(root: &Path) -> PyResult<Arc<BlobReader>> {
         return Ok(reader.clone());
     }
     let store = Store::open_existing(root).map_err(|e| {
-        let errno = match &e {
-            tensorfs::store::StoreError::Io { source, .. } => {
-                source.raw_os_error().unwrap_or(libc::EIO)
-            }
-            _ => libc::EIO,
-        };
-        os_error(errno, format!("the store {}: {e}", root.display()))
+        let e = io::Error::other(e);
+        os_error(errno_of(&e), format!("the store {}: {e}", root.display()))
     })?;
     let config = BlobReaderConfig {
         max_open_files: OPEN_BLOBS,

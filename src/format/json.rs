@@ -449,11 +449,8 @@ impl<'a> Parser<'a> {
         }
         let text = std::str::from_utf8(&self.bytes[start..self.pos]).expect("ascii");
         let digits = std::str::from_utf8(&self.bytes[int_start..int_end]).expect("ascii");
-        let magnitude: Option<u64> = digits.parse().ok();
-        let in_range = match magnitude {
-            Some(m) => !negative || m <= 1 << 63,
-            None => false,
-        };
+        let magnitude: Option<u64> = if float { None } else { digits.parse().ok() };
+        let in_range = magnitude.is_some_and(|m| !negative || m <= 1 << 63);
         if float || (!in_range && self.wide_integers) {
             // std's parse is correctly rounded, so every float reads back exactly.
             let value: f64 = text.parse().expect("a JSON number is a Rust float");

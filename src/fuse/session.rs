@@ -1044,6 +1044,14 @@ pub fn find_in_path(program: &str) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    /// The owner of another user's mount is named by login, or by uid alone when the user
+    /// database has no entry for it.
+    #[test]
+    fn a_uid_is_named_by_its_login_when_it_has_one() {
+        assert_eq!(user_name(0).as_deref(), Some("root"));
+        assert_eq!(user_name(u32::MAX - 7), None);
+    }
+
     #[test]
     fn fuse_conf_allows_other_users_only_by_its_uncommented_line() {
         assert!(allows_other("# comment\nuser_allow_other\n"));
