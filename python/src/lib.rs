@@ -389,35 +389,45 @@ fn proven_blob(
     detached(py, || reader.proven_file(object)).map_err(|e| io_error(what, &e))
 }
 
-/// Starts reading the `length` bytes at `address`, in a mapping of a blob, into the page
-/// cache when they are not there yet, and returns at once: a hint before the mapping is read,
-/// so a cold tensor is read in large requests the disk serves together instead of fault by
-/// fault, the read-ahead window starting small in every blob. Whether they are cached is asked
-/// of the first byte's page (`mincore`, which for a file's mapping looks in the page cache), so
-/// a warm load pays one system call, not a walk of the range (`MADV_WILLNEED` walks it).
-/// Nothing is read or written at `address`: an address that is not mapped makes both calls
-/// fail, and failures are ignored, since it is a hint. The kernel answers "cached" for a
-/// file the caller could not open for writing and does not own (Linux 5.0+, `mincore(2)`): a
-/// store shared read-only then gets no hint, and its cold loads fault page by page.
+/// Readies the `length` bytes at `address`, in a mapping of a blob, for reading, and returns
+/// before anything there is read by the caller: a hint given before a tensor over the range
+/// is built. Whether the range is cached is asked of its first and last bytes' pages
+/// (`mincore`, which for a file's mapping looks in the page cache; two system calls, not a
+/// walk of the range):
+/// - cached: the range's page-table entries are made in one call (`MADV_POPULATE_READ`,
+///   Linux 5.14+), so the reads that follow take no page faults;
+/// - not cached: the range is read into the page cache in the background (`MADV_WILLNEED`),
+///   so a cold tensor is read in large requests the disk serves together, while the caller
+///   copies what has arrived, instead of fault by fault from a read-ahead window that starts
+///   small in every blob.
+///
+/// Nothing at `address` is written: an address that is not mapped makes the calls fail, and
+/// failures are ignored (an older kernel's `EINVAL` too), since it is a hint. The kernel
+/// answers "cached" for a file the caller could not open for writing and does not own (Linux
+/// 5.0+, `mincore(2)`): a store shared read-only then has its cold ranges read as the page
+/// tables are made, as its faults would read them.
 #[pyfunction]
 fn will_need(address: usize, length: usize) {
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let start = address & !(page - 1);
-    let mut resident = 0u8;
-    // SAFETY: one page is asked about, so the kernel writes one byte, into `resident`; the
-    // range is only looked up, never touched.
-    let asked = unsafe { libc::mincore(start as *mut libc::c_void, page, &mut resident) } == 0;
-    if asked && resident & 1 == 0 {
-        // SAFETY: a hint; MADV_WILLNEED neither reads nor changes the range's contents.
-        unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                length.saturating_add(address - start),
-                libc::MADV_WILLNEED,
-            )
-        };
-    }
+    let span = length.saturating_add(address - start);
+    let cached = |at: usize| {
+        let mut resident = 0u8;
+        // SAFETY: one page is asked about, so the kernel writes one byte, into `resident`;
+        // the page is only looked up, never touched.
+        let asked = unsafe { libc::mincore(at as *mut libc::c_void, page, &mut resident) };
+        (asked == 0).then_some(resident & 1 == 1)
+    };
+    let last = start.saturating_add(span.saturating_sub(1)) & !(page - 1);
+    let advice = match (cached(start), cached(last)) {
+        (None, _) | (_, None) => return,
+        (Some(true), Some(true)) => libc::MADV_POPULATE_READ,
+        _ => libc::MADV_WILLNEED,
+    };
+    // SAFETY: neither advice changes the range's contents: MADV_WILLNEED starts reads into
+    // the page cache, MADV_POPULATE_READ maps the range's pages as a read of them would.
+    unsafe { libc::madvise(start as *mut libc::c_void, span, advice) };
 }
 
 /// The bytes of `extents` (each `(blob sha256 hex, blob length, offset, length)`) of the store

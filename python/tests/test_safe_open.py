@@ -310,6 +310,39 @@ def test_a_cold_tensor_is_read_ahead_and_the_hint_never_fails(mounted):
     _native.will_need((1 << 64) - 1, 1)
 
 
+def _resident_kib(address: int) -> int:
+    """The resident KiB (`Rss` in /proc/self/smaps) of this process's mapping holding `address`:
+    the pages its page tables map, cached pages a read has not touched not counted."""
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                begin, end = (int(x, 16) for x in head.split("-"))
+                inside = begin <= address < end
+            elif inside and head == "Rss:":
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_a_cached_tensor_is_mapped_at_once(mounted):
+    """A tensor whose blob pages are cached has its range mapped before anything touches it
+    (will_need: MADV_POPULATE_READ), so reading it takes no page faults; its values are
+    safetensors'."""
+    file = mounted["file"]
+    name = "layer.0.weight"
+    (sha, _, offset, size, _), = _locate(file, name)["parts"][0]["extents"]
+    with open(mounted["store"] / "blobs" / sha[:2] / sha[2:4] / sha, "rb") as blob:
+        blob.seek(offset)
+        assert len(blob.read(size)) == size  # cached now
+    with cozytensors.safe_open(file, framework="pt") as ours, safetensors.safe_open(
+        mounted["source"], framework="pt"
+    ) as theirs:
+        tensor = ours.get_tensor(name)  # a view of the mapping, not read yet
+        assert _resident_kib(tensor.data_ptr()) >= size // 1024 - 4
+        assert same(tensor, theirs.get_tensor(name))
+
+
 def test_one_whole_file_query_serves_every_tensor(mounted, monkeypatch):
     """ABI 2: the daemon's one answer at open locates every tensor; no query per tensor."""
     fd = os.open(mounted["file"], os.O_RDONLY)
