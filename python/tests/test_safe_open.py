@@ -361,6 +361,36 @@ def test_one_whole_file_query_serves_every_tensor(mounted, monkeypatch):
             assert same(ours.get_tensor(name), expected), name
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_daemon_that_speaks_only_abi_1_is_asked_per_tensor(mounted, monkeypatch, backend):
+    """A daemon without the whole-file query (ABI 1 answers its command ENOTTY, which
+    `_native.index` gives as None) is asked where each tensor lies: every tensor, and every
+    slice, taken before close and indexed after it, equals safetensors' and comes from the
+    blobs."""
+    monkeypatch.setattr(_native, "index", lambda fd, path: None)
+    asked = []
+    real = _native.locate
+
+    def locate(fd, path, name):
+        asked.append(name)
+        return real(fd, path, name)
+
+    monkeypatch.setattr(_native, "locate", locate)
+    served = status(mounted["mnt"])["bytes_served"]
+    with safetensors.safe_open(mounted["source"], framework="pt") as theirs:
+        with cozytensors.safe_open(mounted["file"], framework="pt", backend=backend) as ours:
+            assert ours._fast
+            for name in theirs.keys():
+                assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
+            # Only the header crossed FUSE.
+            assert status(mounted["mnt"])["bytes_served"] - served < 1 << 20
+            slices = {name: ours.get_slice(name) for name in ("big", "layer.1.weight")}
+        # (With pread, slices are safetensors' own, read through the mount.)
+        for name, piece in slices.items():
+            assert same(piece[7:1_000_003], theirs.get_slice(name)[7:1_000_003]), name
+    assert set(asked) >= set(_tensors()) - {"empty", "zz_empty"}
+
+
 def test_a_decoded_views_tensors_equal_the_files_own(tmp_path):
     """In <lane>@decoded an encoded tensor has no blob bytes: it comes from the file, as
     safetensors reads it; plain tensors still come from the blobs."""
