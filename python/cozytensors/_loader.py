@@ -10,7 +10,8 @@ from the blob itself:
 - a tensor inside one blob (most: chunks are 64 MiB) is a private, copy-on-write mapping of
   the blob's range, as safetensors' own tensors are of the file (`backend="mmap"`, the default),
   or a read into new memory (`backend="pread"`);
-- a tensor spanning blobs is read into new memory, piece by piece;
+- a tensor spanning blobs is one mapping of its ranges of them, stitched end to end, or with
+  `backend="pread"` (or ranges that cannot be stitched) a read into new memory;
 - with `device="cuda"`, a tensor is read from its blobs straight into a new torch tensor on the
   device (`_native.to_device`: io_uring into page-locked buffers, copies overlapped).
 
@@ -22,7 +23,7 @@ transposed `text_projection`), has no blob bytes: safetensors reads it from the 
 
 Anything else is safetensors itself, with its own errors: a file on another filesystem, a
 store this process cannot read (a container that binds only the mount), a framework other than
-`pt` and `numpy`, a dtype that framework lacks, and `get_slice`.
+`pt` and `numpy`, a dtype that framework lacks, and `get_slice` but torch's with `mmap`.
 """
 
 from __future__ import annotations
@@ -136,8 +137,10 @@ class safe_open:
         self._store = None
         # The mmap backend's copy-on-write mapping of each blob (a buffer over it), shared by
         # the tensors this handle builds from it (as safetensors maps its file once): a model
-        # has thousands of tensors but few blobs. Found through `_maps` while a tensor or slice
-        # holds it; `_held` also holds it while the file is open. Mappings keep no descriptor.
+        # has thousands of tensors but few blobs; and of each tensor that spans chunks, its
+        # ranges stitched into one. Found through `_maps` (by blob, or by the tensor's ranges)
+        # while a tensor or slice holds it; `_held` also holds it while the file is open.
+        # Mappings keep no descriptor.
         self._maps: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
         self._held: Dict[str, Any] = {}
         self._maps_lock = threading.Lock()
@@ -311,11 +314,11 @@ class safe_open:
 
     def get_slice(self, name: str):
         """A slice object as safetensors' (`get_shape()`, `get_dtype()`, indexing), for the
-        torch framework read from the blobs like `get_tensor`: the index is torch's, applied
-        to the tensor's mapping (with the mmap backend only the pages it selects are read),
-        and the slice stays usable after the file is closed, as safetensors' does. NumPy
-        slices are safetensors' own (its slicing rules differ from NumPy's), and so are slices
-        of a dtype torch lacks."""
+        torch framework and the mmap backend read from the blobs like `get_tensor`: the index
+        is torch's, applied to the tensor's mapping (only the pages it selects are read), and
+        the slice stays usable after the file is closed, as safetensors' does. NumPy slices
+        are safetensors' own (its slicing rules differ from NumPy's), and so are slices of a
+        dtype torch lacks and the pread backend's (its rules for an index differ too)."""
         if not self._fast:
             return self._inner.get_slice(name)
         entry = self._entry(name)
@@ -346,9 +349,10 @@ class safe_open:
             raise SafetensorError(f"File does not contain tensor {name}")
         return entry
 
-    def _tensor(self, name: str, entry, device):
+    def _tensor(self, name: str, entry, device, whole: bool = True):
         """The tensor `name` (its header entry) on `device`; also after the file is closed,
-        for slices taken before."""
+        for slices taken before. `whole`: all of it will be read (a slice reads part of it, so
+        its pages are neither mapped nor asked of the disk ahead)."""
         dtype_name, shape, begin, end = entry
         torch = self._framework in ("pt", "torch")
         dtype = _dtypes(torch).get(dtype_name)
@@ -365,7 +369,7 @@ class safe_open:
             if placed is not None:
                 return placed
         try:
-            buffer, offset = self._bytes(name, begin, end)
+            buffer, offset = self._bytes(name, begin, end, whole)
         except PermissionError:
             # A blob this process may not read, in a store whose blobs it may: the daemon
             # reads it for the mount.
@@ -443,38 +447,60 @@ class safe_open:
             return None
         return out.view(dtype).reshape(shape)
 
-    def _bytes(self, name: str, begin: int, end: int):
+    def _bytes(self, name: str, begin: int, end: int, whole: bool):
         """A writable buffer holding the file's bytes [begin, end) and the offset of the first
-        in it."""
+        in it; `whole` as for `_tensor`."""
         extents, store = self._extents(name, begin, end)
-        if len(extents) == 1 and self._backend == "mmap":
-            sha, blob_length, offset, length, _, stamp = extents[0]
-            with self._maps_lock:
-                mapping = self._maps.get(sha)
-            if mapping is None:
-                # Mapped without the lock, which a native call must not hold (the fork gate;
-                # `_reading` takes it); a thread that mapped it meanwhile wins.
-                made = self._map(store, sha, blob_length, stamp, name)
-                with self._maps_lock:
-                    mapping = self._maps.get(sha)
-                    if mapping is None:
-                        mapping = self._maps[sha] = made
-                        if self._fd is not None:
-                            self._held[sha] = mapping
-            # Cold, the mapping would be read fault by fault: ask for the range at once.
-            _native.will_need(mapping._blob.address + offset, length)
-            return mapping, offset
+        what = f"{self._path}: tensor {name!r}"
+        if self._backend == "mmap":
+            if len(extents) == 1:
+                # The whole blob, shared by the tensors packed in it.
+                sha, blob_length, offset, _, _, stamp = extents[0]
+                key, pieces = sha, [(sha, blob_length, 0, blob_length, stamp)]
+            else:
+                # A tensor spanning chunks: its ranges stitched into one, its alone.
+                offset = 0
+                pieces = [(sha, bl, off, length, stamp) for sha, bl, off, length, _, stamp in extents]
+                key = "+".join(f"{p[0]}@{p[2]}" for p in pieces)
+            mapping = self._mapping(store, key, pieces, what)
+            if mapping is not None:
+                if whole:
+                    # Cached, its pages are mapped at once; cold, asked of the disk at once.
+                    _native.will_need(mapping._blob.address + offset, end - begin)
+                return mapping, offset
         pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
-        read = lambda: _native.read(store, pieces, end - begin, f"{self._path}: tensor {name!r}")  # noqa: E731
+        read = lambda: _native.read(store, pieces, end - begin, what)  # noqa: E731
         return self._reading(store, [p[0] for p in pieces], read), 0
 
-    def _map(self, store: str, sha: str, blob_length: int, stamp, name: str):
-        """A writable buffer over a copy-on-write mapping of the blob `sha`, its bytes
-        proven. The mapping keeps no descriptor; it goes with the last buffer over it."""
+    def _mapping(self, store: str, key: str, pieces, what: str):
+        """The handle's mapping `key` of the blob ranges `pieces` (`_native.map_extents`),
+        made on first use; None when they cannot be stitched into one range."""
+        with self._maps_lock:
+            mapping = self._maps.get(key)
+        if mapping is not None:
+            return mapping
+        # Mapped without the lock, which a native call must not hold (the fork gate;
+        # `_reading` takes it); a thread that mapped it meanwhile wins.
+        made = self._map(store, pieces, what)
+        if made is None:
+            return None
+        with self._maps_lock:
+            mapping = self._maps.get(key)
+            if mapping is None:
+                mapping = self._maps[key] = made
+                if self._fd is not None:
+                    self._held[key] = mapping
+        return mapping
+
+    def _map(self, store: str, pieces, what: str):
+        """A writable buffer over a copy-on-write mapping of the blob ranges `pieces`, end to
+        end, their blobs' bytes proven; None when they cannot be stitched. The mapping keeps
+        no descriptor; it goes with the last buffer over it."""
         # Without the daemon's stamp, or with one the blob no longer has, the native reader
         # proves the blob.
-        blob = self._reading(store, [sha], lambda: _native.map_blob(
-            store, sha, blob_length, f"{self._path}: tensor {name!r}", stamp))
+        blob = self._reading(store, [p[0] for p in pieces], lambda: _native.map_extents(store, pieces, what))
+        if blob is None:
+            return None
         view = (ctypes.c_char * blob.length).from_address(blob.address)
         view._blob = blob
         return view
@@ -535,11 +561,22 @@ class _Slice:
 
     def __getitem__(self, index):
         # Indexed on the CPU mapping, then moved: only the selection travels to the device.
-        selected = self._file._tensor(self._name, self._entry, "cpu")[index]
+        tensor = self._file._tensor(self._name, self._entry, "cpu", whole=_selects_all(index))
+        selected = tensor[index]
         device = self._file._device
         if device != "cpu":
             selected = selected.to(device)
         return selected
+
+
+def _selects_all(index) -> bool:
+    """Whether `index` selects every element (`[...]`, `[:]`, `[:, ...]`, as loaders index a
+    slice to read all of it)."""
+    def every(i) -> bool:
+        # Identity, not `==`: an index may be a tensor, whose `==` is elementwise.
+        return i is Ellipsis or (type(i) is slice and i.start is None and i.stop is None and i.step is None)
+
+    return all(every(i) for i in index) if type(index) is tuple else every(index)
 
 
 def load_file(filename, device="cpu", *, backend: str = "mmap"):

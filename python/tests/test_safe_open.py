@@ -91,6 +91,42 @@ def same(a, b):
     return a.tobytes() == b.tobytes()
 
 
+def _cached(path, offset: int) -> bool:
+    """Whether the page of byte `offset` of file `path` is in the page cache: `mincore` of a
+    mapping of it, which reads nothing (a probe by `RWF_NOWAIT` read starts read-ahead of
+    what it finds absent, so it answers "cached" the second time whatever the loader did)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, page, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset // page * page)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            resident = ctypes.c_ubyte()
+            assert libc.mincore(address, page, ctypes.byref(resident)) == 0, os.strerror(ctypes.get_errno())
+            return bool(resident.value & 1)
+        finally:
+            libc.munmap(address, page)
+    finally:
+        os.close(fd)
+
+
+def _evict(path):
+    """Drops file `path`'s pages from the page cache (those no mapping holds)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_every_tensor_equals_safetensors_and_comes_from_the_blobs(mounted, backend):
     file = mounted["file"]
@@ -284,17 +320,9 @@ def test_a_cold_tensor_is_read_ahead_and_the_hint_never_fails(mounted):
     last = offset + size - 1
 
     def cached() -> bool:
-        fd = os.open(blob, os.O_RDONLY)
-        try:
-            return os.preadv(fd, [bytearray(1)], last, os.RWF_NOWAIT) == 1
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
+        return _cached(blob, last)
 
-    fd = os.open(blob, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+    _evict(blob)
     assert not cached()
     with cozytensors.safe_open(file, framework="pt") as ours, safetensors.safe_open(
         mounted["source"], framework="pt"
@@ -448,13 +476,11 @@ def test_tensors_share_one_mapping_per_blob_as_safetensors_shares_its_file(mount
     before = _fds()
     with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
         kept = {name: ours.get_tensor(name) for name in ours.keys()}
-        blobs = {e[0] for p in ours._parts.values() for e in p if len(p) == 1}
-        # A tensor spanning blobs is read by the native reader, which keeps each of those
-        # blobs open (and may map it) until the file is closed.
-        spanning = {e[0] for p in ours._parts.values() for e in p if len(p) > 1}
+        # A tensor spanning blobs maps its ranges of them, stitched: one mapping each.
+        blobs = {e[0] for p in ours._parts.values() for e in p}
         assert len(kept) > len(blobs) + 2, "the file has more tensors than blobs"
-        assert _blob_mappings(mounted["store"]) <= len(blobs) + len(spanning), "a mapping per blob, not per tensor"
-        assert _fds() - before <= 1 + len(spanning), "the file's and the reader's descriptors only: mappings keep none"
+        assert _blob_mappings(mounted["store"]) <= len(blobs), "a mapping per blob, not per tensor"
+        assert _fds() - before == 1, "the file's descriptor only: mappings keep none"
         kept["layer.0.weight"][0] = 1234.0
         assert ours.get_tensor("layer.0.weight")[0] == 1234.0, "shared within the handle"
     with cozytensors.safe_open(mounted["file"], framework="pt") as again:
@@ -465,6 +491,62 @@ def test_tensors_share_one_mapping_per_blob_as_safetensors_shares_its_file(mount
                 assert same(tensor, theirs.get_tensor(name)), name
     del kept
     assert _fds() - before == 0, "the descriptors go with the file"
+
+
+def _mapped_file(address: int) -> str:
+    """The file this process maps at `address` ("" for anonymous memory)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            begin, end = (int(x, 16) for x in fields[0].split("-"))
+            if begin <= address < end:
+                return fields[5].strip() if len(fields) > 5 else ""
+    raise AssertionError(f"nothing is mapped at {address:#x}")
+
+
+def test_a_tensor_spanning_chunks_is_one_mapping_of_its_blobs(mounted):
+    """A tensor spanning chunks is a view of its blobs' ranges mapped end to end, as the file
+    lays them: no copy in new memory, values equal safetensors', writes the process's own."""
+    (part,) = _locate(mounted["file"], "big")["parts"]
+    extents = part["extents"]
+    assert len(extents) > 1, "the test model's 'big' spans chunks"
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours, safetensors.safe_open(
+        mounted["source"], framework="pt"
+    ) as theirs:
+        big = ours.get_tensor("big")
+        at = big.data_ptr()
+        for sha, _, _, length, _ in extents:
+            assert _mapped_file(at).endswith(f"/blobs/{sha[:2]}/{sha[2:4]}/{sha}")
+            at += length
+        assert same(big, theirs.get_tensor("big"))
+        big[-1] = 1234.0
+    with cozytensors.safe_open(mounted["file"], framework="pt") as again:
+        assert again.get_tensor("big")[-1] != 1234.0
+
+
+def test_a_slice_reads_only_the_pages_it_selects(mounted):
+    """A slice of a tensor spanning chunks, its blobs not cached, reads the pages its index
+    selects: the other blob is not read (nor asked of the disk ahead); `[...]` reads it all."""
+    (part,) = _locate(mounted["file"], "big")["parts"]
+    blobs = [
+        (mounted["store"] / "blobs" / sha[:2] / sha[2:4] / sha, offset, length)
+        for sha, _, offset, length, _ in part["extents"]
+    ]
+
+    cached = _cached
+    for blob, _, _ in blobs:
+        _evict(blob)
+    (first, first_offset, _), (last, last_offset, last_length) = blobs[0], blobs[-1]
+    assert not cached(first, first_offset) and not cached(last, last_offset + last_length - 1)
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours, safetensors.safe_open(
+        mounted["source"], framework="pt"
+    ) as theirs:
+        piece = ours.get_slice("big")[-1000:]
+        assert same(piece, theirs.get_slice("big")[-1000:])
+        assert cached(last, last_offset + last_length - 1)
+        time.sleep(0.2)  # what read-ahead would have asked for has had time to arrive
+        assert not cached(first, first_offset), "a slice of the last chunk read the first"
+        assert same(ours.get_slice("big")[...], theirs.get_tensor("big"))
 
 
 def test_a_closed_file_says_so_as_safetensors_does(mounted, tmp_path):
@@ -481,11 +563,11 @@ def test_a_closed_file_says_so_as_safetensors_does(mounted, tmp_path):
 
 
 def test_a_blob_this_process_may_not_read_is_read_through_the_mount(mounted, monkeypatch):
-    def refused(store, sha256, length, what, stamp=None):
-        raise PermissionError(errno.EACCES, f"{what}: blob {sha256}: Permission denied")
+    def refused(store, extents, *_):
+        raise PermissionError(errno.EACCES, f"blob {extents[0][0]}: Permission denied")
 
-    monkeypatch.setattr(_native, "map_blob", refused)
-    monkeypatch.setattr(_native, "read", lambda store, extents, length, what: refused(store, extents[0][0], length, what))
+    monkeypatch.setattr(_native, "map_extents", refused)
+    monkeypatch.setattr(_native, "read", refused)
     with cozytensors.safe_open(mounted["file"], framework="pt") as ours, safetensors.safe_open(
         mounted["source"], framework="pt"
     ) as theirs:
@@ -506,10 +588,11 @@ def test_a_device_safetensors_refuses_is_refused_alike(mounted, device):
 
 def test_slices_indexed_after_close_share_the_blobs_mappings(mounted):
     """Slices taken while open and indexed after close (the documented use) map each blob
-    once, not once per tensor, and keep no descriptor."""
+    once, not once per tensor (a tensor spanning chunks maps its own), and keep no
+    descriptor."""
     with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
         slices = {name: ours.get_slice(name) for name in ours.keys()}
-        blobs = {e[0] for p in ours._parts.values() for e in p if len(p) == 1}
+        blobs = {e[0] for p in ours._parts.values() for e in p}
     before = _fds()
     kept = [s[...] for s in slices.values()]
     assert len(kept) > len(blobs) + 2
@@ -739,6 +822,6 @@ def test_an_empty_blob_is_never_mapped(tmp_path):
     blob.parent.mkdir(parents=True, exist_ok=True)
     blob.write_bytes(b"")
     with pytest.raises(OSError) as raised:
-        _native.map_blob(str(store), sha, 0, "empty.safetensors: tensor 'e'", None)
+        _native.map_extents(str(store), [(sha, 0, 0, 0, None)], "empty.safetensors: tensor 'e'")
     assert raised.value.errno == errno.EINVAL
     assert sha in str(raised.value) and "cannot be mapped" in str(raised.value)
