@@ -52,13 +52,13 @@ _TORCH_NAMES = {
     "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32",
     "F32": "float32", "F64": "float64", "I64": "int64", "U64": "uint64",
     "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
 
 _NUMPY_CODES = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "<i2", "U16": "<u2",
     "F16": "<f2", "I32": "<i4", "U32": "<u4", "F32": "<f4", "F64": "<f8",
-    "I64": "<i8", "U64": "<u8",
+    "I64": "<i8", "U64": "<u8", "C64": "<c8",
 }
 
 # safetensors dtype name -> the framework's dtype (absent: that framework has none, and
@@ -123,7 +123,12 @@ class safe_open:
     elsewhere, are safetensors' own."""
 
     def __init__(self, filename, framework, device="cpu", *, backend: str = "mmap"):
-        self._path = os.fspath(filename)
+        try:
+            self._path = os.fspath(filename)
+        except TypeError as e:
+            raise TypeError(f"argument 'filename': {e}") from None
+        if not isinstance(self._path, str):
+            raise TypeError(f"argument 'filename': {_not_str(self._path)}")
         self._framework = framework
         self._device = device
         self._backend = backend
@@ -157,18 +162,32 @@ class safe_open:
             raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         if framework in ("pt", "torch", "numpy", "np"):
             self._device = _check_device(device)
-            self._fast = self._open_mounted()
+            # NumPy on another device is safetensors' error.
+            numpy_elsewhere = framework in ("numpy", "np") and self._device != "cpu"
+            self._fast = not numpy_elsewhere and self._open_mounted()
         if not self._fast:
             self._inner = self._open_safetensors()
 
     def _open_safetensors(self):
         """safetensors' own handle of the file, with this handle's arguments: of the file this
-        handle opened, through its descriptor, while it is open (the path may name another
-        file by now: a relative one after `chdir`, `latest/` after a new import)."""
-        return _safetensors_open()(
-            self._fd_path(self._open_fd()), framework=self._framework, device=self._device,
-            backend=self._backend,
-        )
+        handle opened, through a copy of its descriptor (or of its slices'), while it is open
+        (the path may name another file by now: a relative one after `chdir`, `latest/` after
+        a new import). The copy is taken under the lock `_close` takes: a descriptor closed
+        meanwhile could be another file's by the time safetensors opened its number. A mounted
+        file's handle with neither descriptor is closed."""
+        with self._maps_lock:
+            fd = self._open_fd()
+            copy = os.dup(fd) if fd is not None else None
+        if copy is None and self._fast:
+            raise SafetensorError("File is closed")
+        try:
+            return _safetensors_open()(
+                self._fd_path(copy), framework=self._framework, device=self._device,
+                backend=self._backend,
+            )
+        finally:
+            if copy is not None:
+                os.close(copy)
 
     def _fd_path(self, fd: Optional[int]) -> str:
         """A path that opens the file `fd` is open on (`/proc/self/fd/N`), or this handle's
@@ -181,9 +200,10 @@ class safe_open:
         """Opens the file when it is a TensorFS file whose store this process can read: its
         header, and where its tensors lie. False leaves it to safetensors (with its errors).
 
-        Raises OSError when a mounted file's header cannot be read: a damaged blob under it
-        fails the read with EIO, and safetensors' own mapping of the file would then die of
-        SIGBUS."""
+        Raises OSError (EIO) when a mounted file's header cannot be read (a damaged blob
+        under it fails the read, and safetensors' own mapping of the file would then die of
+        SIGBUS), when the daemon cannot give the file's blobs, or when the header is not what
+        the store describes."""
         try:
             # One descriptor for every query: each open of a mounted file is a request to
             # the daemon, which keeps the file's blobs while it is open.
@@ -215,7 +235,7 @@ class safe_open:
         only ABI 1, where one does; False when the file is not ours or the store cannot be
         read by this process."""
         try:
-            index = _native.index(self._fd, self._path)
+            index = _native.index(self._fd, self._path, self._tensors)
             if index is not None:
                 self._store, self._parts, self._decoded = index
                 store = self._store
@@ -224,7 +244,11 @@ class safe_open:
                 if located is None:
                     return False
                 store = located["store"]
-        except OSError:
+        except OSError as e:
+            if e.errno == errno.EIO:
+                # A blob the daemon cannot give, or a header the store does not describe:
+                # safetensors' mapping of the file would fault, or read other bytes.
+                raise
             return False
         return store is None or os.access(os.path.join(store, "blobs"), os.R_OK | os.X_OK)
 
@@ -285,7 +309,7 @@ class safe_open:
             self._inner.__exit__(*exc)
             self._inner = None
         self._close()
-        return False
+        return None
 
     def _check_open(self):
         if self._fd is None:
@@ -323,6 +347,7 @@ class safe_open:
             return self._inner.get_slice(name)
         entry = self._entry(name)
         if self._framework not in ("pt", "torch") or entry[0] not in _dtypes(True) or self._backend == "pread":
+            self._read_through_mount(name)
             return self._safetensors().get_slice(name)
         with self._maps_lock:
             hold = self._live_hold()
@@ -392,10 +417,41 @@ class safe_open:
         """safetensors' own reading of `name` through the mount (a file closed since the
         slice was taken is opened again for it, through the descriptor the slice holds, so
         a file removed meanwhile is still the one read)."""
+        self._read_through_mount(name)
         if self._fd is not None:
             return self._safetensors().get_tensor(name)
         with self._open_safetensors() as again:
             return again.get_tensor(name)
+
+    def _read_through_mount(self, name: str):
+        """Reads the bytes of tensor `name` through the mount once, before safetensors' own
+        mapping of the file is handed them: a blob the daemon finds damaged fails a read with
+        EIO, which is this `OSError` naming the file and tensor, where a fault on the mapping
+        would kill the process with SIGBUS. The pages read stay cached for the mapping (the
+        mount keeps a file's page cache); only pages the kernel drops meanwhile are read
+        again. safetensors' pread backend reads with errors of its own: nothing to do."""
+        if self._backend != "mmap":
+            return
+        _, _, begin, end = self._tensors[name]
+        with self._maps_lock:
+            fd = self._open_fd()
+            copy = os.dup(fd) if fd is not None else None
+        if copy is None:
+            return  # a closed handle: safetensors says so
+        buffer = bytearray(min(end - begin, 1 << 20))
+        try:
+            at = begin
+            while at < end:
+                view = memoryview(buffer)[: min(len(buffer), end - at)]
+                n = os.preadv(copy, [view], at)
+                if n == 0:
+                    raise OSError(errno.EIO, "the file ends before the tensor does")
+                at += n
+        except OSError as e:
+            why = e.strerror or os.strerror(e.errno or errno.EIO)
+            raise OSError(e.errno or errno.EIO, f"{self._path}: tensor {name!r}: reading it through the mount: {why}") from None
+        finally:
+            os.close(copy)
 
     def _empty(self, dtype, shape, device):
         # Reshaped from no elements: `empty(shape)` computes strides that overflow for a

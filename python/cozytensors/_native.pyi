@@ -56,7 +56,7 @@ def header(
     fd: int, path: str
 ) -> Optional[Tuple[dict[str, Tuple[str, Tuple[int, ...], int, int]], Optional[dict[str, str]]]]: ...
 def index(
-    fd: int, path: str
+    fd: int, path: str, header: dict[str, Tuple[str, Tuple[int, ...], int, int]]
 ) -> Optional[
     Tuple[
         str,

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::FromRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -483,10 +484,17 @@ fn proven_blob(
 ) -> PyResult<File> {
     if let Some(stamp) = stamp {
         let path = store.join(object.blob_path());
-        if let Ok(file) = File::open(&path) {
+        // Non-blocking: a FIFO in a blob's place would block the open, with the GIL held, for
+        // as long as no one writes to it. Only a regular file can be the stamped blob; others
+        // go to the reader, which names what it found.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path);
+        if let Ok(file) = opened {
             if let Ok(meta) = file.metadata() {
                 let found = tensorfs::store::verified::Stamp::of(&meta).fields();
-                if found.iter().zip(stamp).all(|(&a, b)| a == i128::from(b)) {
+                if meta.is_file() && found.iter().zip(stamp).all(|(&a, b)| a == i128::from(b)) {
                     return Ok(file);
                 }
             }

@@ -3,6 +3,7 @@
 //! the loader looks tensors up in. A model has thousands of tensors: JSON parsed by Python
 //! would make a dict per tensor and part, and set off the garbage collector while it does.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
@@ -105,6 +106,9 @@ struct Answer {
 
 #[derive(Deserialize)]
 struct AnswerTensor {
+    key: Option<String>,
+    #[serde(default)]
+    encoding: Option<serde_json::Value>,
     #[serde(default)]
     decoded: bool,
     begin: Option<u64>,
@@ -115,6 +119,8 @@ struct AnswerTensor {
 
 #[derive(Deserialize)]
 struct AnswerPart {
+    dtype: Option<String>,
+    shape: Option<Vec<u64>>,
     begin: u64,
     end: u64,
     /// `[blob index, offset in the blob, length, offset in the file]`.
@@ -184,7 +190,12 @@ fn parse(text: &[u8]) -> Result<Answer, String> {
 /// `OSError` with the ioctl's errno, naming the file; `EPROTO` for an answer that breaks the
 /// ABI.
 #[pyfunction]
-pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound<'py, PyTuple>>> {
+pub fn index<'py>(
+    py: Python<'py>,
+    fd: i32,
+    path: &str,
+    header: &Bound<'py, PyDict>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
     // SAFETY: borrowed for the call; the caller owns and closes `fd`.
     let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
     let text = match py.detach(|| ioctl::query_file(&file, path)) {
@@ -202,6 +213,7 @@ pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound
         )
     };
     let answer = parse(&text).map_err(malformed)?;
+    agree(&answer, header, path)?;
     // One string and one stamp object per blob, shared by its extents.
     let blobs = answer
         .blobs
@@ -241,6 +253,68 @@ pub fn index<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Bound
             decoded.into_any(),
         ],
     )?))
+}
+
+/// What the daemon's answer says lies at a range of the file: the tensor's name (a plain or
+/// decoded tensor's; the parts of an encoded one have none of their own), its dtype and shape
+/// (a part's; a decoded tensor's are the file's alone).
+type Described<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a [u64]>);
+
+/// Checks that each tensor of the file's header (`header`: name → `(dtype, shape, begin,
+/// end)`, absolute offsets, as [`header`] gives it) is what the daemon's answer describes at
+/// its range: the same name, dtype and shape. The header was read through the mount, the
+/// bytes will come from the blobs: a file served from elsewhere (a view, the local copy a
+/// root mount keeps of a file, damaged on disk) would otherwise give the blobs' bytes under
+/// another dtype or name. Empty tensors, and ranges the answer does not describe (an error
+/// when read), are left alone.
+///
+/// # Errors
+/// `EIO` naming the file and the first tensor that differs.
+fn agree(answer: &Answer, header: &Bound<'_, PyDict>, path: &str) -> PyResult<()> {
+    let mut described: HashMap<(u64, u64), Described<'_>> = HashMap::new();
+    for tensor in &answer.tensors {
+        let key = tensor.key.as_deref();
+        if let (true, Some(begin), Some(end)) = (tensor.decoded, tensor.begin, tensor.end) {
+            described.insert((begin, end), (key, None, None));
+            continue;
+        }
+        let plain = tensor.encoding.as_ref().is_none_or(|e| e.is_null()) && tensor.parts.len() == 1;
+        for part in &tensor.parts {
+            let name = if plain { key } else { None };
+            let shape = part.shape.as_deref();
+            described.insert((part.begin, part.end), (name, part.dtype.as_deref(), shape));
+        }
+    }
+    for (name, entry) in header.iter() {
+        let name: String = name.extract()?;
+        let (dtype, shape, begin, end): (String, Vec<u64>, u64, u64) = entry.extract()?;
+        let Some(&(their_name, their_dtype, their_shape)) = described.get(&(begin, end)) else {
+            continue;
+        };
+        if begin == end {
+            continue;
+        }
+        let differs = their_name.is_some_and(|n| n != name)
+            || their_dtype.is_some_and(|d| d != dtype)
+            || their_shape.is_some_and(|s| s != shape.as_slice());
+        if differs {
+            let theirs = format!(
+                "{} {} {:?}",
+                their_name.map_or("(a part)".to_string(), |n| format!("'{n}'")),
+                their_dtype.unwrap_or("?"),
+                their_shape.unwrap_or(&[])
+            );
+            return Err(os_error(
+                libc::EIO,
+                format!(
+                    "{path}: tensor '{name}': the file's header says {dtype} {shape:?} at bytes \
+                     {begin}..{end}, where the store describes {theirs}: the file the mount \
+                     serves is not the store's"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -297,6 +299,19 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
                         ours.get_tensor(name)
                     assert raised.value.errno == errno.EIO
                     assert f"tensor {name!r}" in str(raised.value)
+        # What safetensors reads for us (a NumPy slice) is read through the mount first: an
+        # error, where a fault on safetensors' mapping of the file would kill the process.
+        probe = f"""
+import cozytensors
+with cozytensors.safe_open({str(file)!r}, framework="numpy") as f:
+    try:
+        f.get_slice("z")[0:4]
+    except OSError as e:
+        print("errno", e.errno, e)
+"""
+        run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
+        assert f"errno {errno.EIO}" in run.stdout and "tensor 'z'" in run.stdout, run.stdout
         # The header's chunk: the mount proves it before it serves the header, and refuses
         # it; so do we, where safetensors' own mapping of the file would die of SIGBUS.
         flip(first, 0)
@@ -395,7 +410,7 @@ def test_a_daemon_that_speaks_only_abi_1_is_asked_per_tensor(mounted, monkeypatc
     `_native.index` gives as None) is asked where each tensor lies: every tensor, and every
     slice, taken before close and indexed after it, equals safetensors' and comes from the
     blobs."""
-    monkeypatch.setattr(_native, "index", lambda fd, path: None)
+    monkeypatch.setattr(_native, "index", lambda *_: None)
     asked = []
     real = _native.locate
 
@@ -631,6 +646,92 @@ def _victim(tmp_path):
     return source, store, mnt, mnt / "local/victim/latest/f32/model.safetensors"
 
 
+def test_a_fifo_in_a_blobs_place_is_an_error_not_a_hang(tmp_path):
+    """A blob replaced by a FIFO after the daemon answered (its stamp no longer matches) is
+    refused by the reader, naming it; opening it to compare the stamp blocked, GIL held, for
+    as long as no one wrote to the FIFO."""
+    source, store, mnt, file = _victim(tmp_path)
+    try:
+        (sha, *_), = _locate(file, "a.weight")["parts"][0]["extents"]
+        blob = store / "blobs" / sha[:2] / sha[2:4] / sha
+        probe = f"""
+import os, cozytensors
+with cozytensors.safe_open({str(file)!r}, framework="pt") as f:
+    os.unlink({str(blob)!r})
+    os.mkfifo({str(blob)!r})
+    try:
+        f.get_tensor("a.weight")
+    except OSError as e:
+        print("errno", e.errno, e)
+"""
+        run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "errno" in run.stdout and "a.weight" in run.stdout, run.stdout
+    finally:
+        unmount(mnt)
+
+
+def test_a_header_the_store_does_not_describe_is_refused(mounted, monkeypatch):
+    """The header is read through the mount, the bytes from the blobs: a header that differs
+    from the store's description of the file (a damaged view, a name or dtype changed) is an
+    EIO naming the tensor, never the blobs' bytes under another dtype or name."""
+    real = _native.header
+
+    def tampered(change):
+        def header(fd, path):
+            tensors, metadata = real(fd, path)
+            return change(dict(tensors)), metadata
+        return header
+
+    def dtype(tensors):
+        _, shape, begin, end = tensors["layer.0.weight"]
+        tensors["layer.0.weight"] = ("I32", shape, begin, end)
+        return tensors
+
+    def name(tensors):
+        tensors["renamed"] = tensors.pop("scalar")  # its dtype, shape and bytes
+        return tensors
+
+    for change, tensor in ((dtype, "'layer.0.weight'"), (name, "'renamed'")):
+        monkeypatch.setattr(_native, "header", tampered(change))
+        with pytest.raises(OSError, match="the file the mount serves is not the store's") as raised:
+            cozytensors.safe_open(mounted["file"], framework="pt")
+        assert raised.value.errno == errno.EIO and tensor in str(raised.value)
+    monkeypatch.setattr(_native, "header", real)
+    with cozytensors.safe_open(mounted["file"], framework="pt") as ours:
+        assert ours._fast
+
+
+def test_a_descriptor_closed_while_safetensors_opens_it_reads_the_same_file(mounted, tmp_path, monkeypatch):
+    """What safetensors reads for a handle it opens through a copy of the handle's
+    descriptor: a close racing it (the handle's number free, and taken by another file) still
+    reads the handle's file, never the other one."""
+    other = tmp_path / "other.safetensors"
+    save_file({name: torch.zeros(1) for name in _tensors()}, str(other))
+    real = cozytensors._loader._safetensors_open()
+    taken = []
+
+    def racing():
+        def open_(path, **kwargs):
+            number = ours._fd
+            ours._close()  # the race: the handle closes, its number is free...
+            fd = os.open(other, os.O_RDONLY)  # ...and another file takes it
+            taken.append(fd)
+            assert fd == number
+            return real(path, **kwargs)
+        return open_
+
+    ours = cozytensors.safe_open(mounted["file"], framework="numpy")
+    monkeypatch.setattr(cozytensors._loader, "_safetensors_open", racing)
+    try:
+        piece = ours.get_slice("layer.0.weight")[0:4]
+    finally:
+        for fd in taken:
+            os.close(fd)
+    with safetensors.safe_open(mounted["source"], framework="numpy") as theirs:
+        assert same(piece, theirs.get_slice("layer.0.weight")[0:4])
+
+
 def _swept(store) -> str:
     """Collects `store` until no blob is left, for at most 30 s (the kernel tells the daemon
     of a file's last close after close(2) returns, and its hold lasts until then); "" when
@@ -726,6 +827,18 @@ def test_arguments_and_results_as_safetensors_gives_them(mounted, tmp_path):
             safetensors.safe_open(path, framework="pt")
         with pytest.raises(want.type):
             cozytensors.safe_open(path, framework="pt")
+    # Filenames that are not paths, NumPy on another device, what __exit__ returns.
+    for filename, framework, device in ((b"x", "pt", "cpu"), (3, "pt", "cpu"), (None, "pt", "cpu"),
+                                        (mounted["file"], "numpy", "cuda"), (mounted["file"], "np", "cuda:1")):
+        source = mounted["source"] if filename == mounted["file"] else filename
+        with pytest.raises(Exception) as want:
+            safetensors.safe_open(source, framework=framework, device=device)
+        with pytest.raises(want.type) as got:
+            cozytensors.safe_open(filename, framework=framework, device=device)
+        assert str(got.value) == str(want.value)
+    theirs = safetensors.safe_open(mounted["source"], framework="pt")
+    ours = cozytensors.safe_open(mounted["file"], framework="pt")
+    assert ours.__exit__(None, None, None) == theirs.__exit__(None, None, None)
     with cozytensors.safe_open(mounted["file"], framework="np") as ours:
         meta = ours.metadata()
         meta["note"] = "changed"
