@@ -16,7 +16,7 @@ collection keeps them even if its ref is removed meanwhile.
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 from . import _fork, _native  # noqa: F401 (_fork: the native reader's locks across fork())
 from ._native import Array
@@ -202,13 +202,37 @@ class Tensors(Mapping):
     def __len__(self) -> int:
         return len(self._tensors)
 
+    # One key gives its tensor, several or none a dict; `decode=True` gives arrays only.
+    @overload
+    def read(self, keys: str, *, device: Union[str, int, Any, None] = ..., decode: Literal[True]) -> Array: ...
+    @overload
+    def read(
+        self, keys: str, *, device: Union[str, int, Any, None] = ..., decode: bool = ...
+    ) -> Union[Array, Encoded]: ...
+    @overload
+    def read(
+        self,
+        keys: Union[List[str], Tuple[str, ...], None] = ...,
+        *,
+        device: Union[str, int, Any, None] = ...,
+        decode: Literal[True],
+    ) -> Dict[str, Array]: ...
+    @overload
+    def read(
+        self,
+        keys: Union[List[str], Tuple[str, ...], None] = ...,
+        *,
+        device: Union[str, int, Any, None] = ...,
+        decode: bool = ...,
+    ) -> Dict[str, Union[Array, Encoded]]: ...
+
     def read(
         self,
         keys: Union[str, Sequence[str], None] = None,
         *,
         device: Union[str, int, Any, None] = "cpu",
         decode: bool = False,
-    ) -> Union[Array, Encoded, Dict[str, Union[Array, Encoded]]]:
+    ) -> Union[Array, Encoded, Dict[str, Array], Dict[str, Union[Array, Encoded]]]:
         """Reads one tensor (`keys` a key: its array), several (a list or tuple: a dict in
         that order) or all (`None`: a dict in construction order). A plain tensor is an
         `Array` of its bytes; an encoded one is an `Encoded` (its parts as stored) unless
@@ -226,6 +250,8 @@ class Tensors(Mapping):
         ordinal = _device_ordinal(device)
         if isinstance(keys, str):
             return self._read(keys, decode, ordinal)
+        if keys is not None and not isinstance(keys, (list, tuple)):
+            raise TypeError(f"keys: a key (str), a list or tuple of keys, or None, not {type(keys).__name__}")
         names = list(self._tensors) if keys is None else list(keys)
         return {key: self._read(key, decode, ordinal) for key in names}
 
@@ -337,6 +363,7 @@ class Checkpoint:
             self._native = None
 
     def __enter__(self) -> "Checkpoint":
+        self._native_handle()  # a closed checkpoint says so now, not at its first read
         return self
 
     def __exit__(self, *_exc) -> None:

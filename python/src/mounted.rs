@@ -63,9 +63,16 @@ pub fn header<'py>(py: Python<'py>, fd: i32, path: &str) -> PyResult<Option<Boun
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::EIO);
             let why = std::io::Error::from_raw_os_error(errno);
+            let hint = match errno {
+                libc::EIO => {
+                    " (the mount could not read the file's first chunk: the mount's log names \
+                     it, and `tensorfs verify` says what to repair)"
+                }
+                _ => "",
+            };
             return Err(os_error(
                 errno,
-                format!("{path}: reading its safetensors header: {why}"),
+                format!("{path}: reading its safetensors header: {why}{hint}"),
             ));
         }
     };

@@ -210,8 +210,12 @@ def test_errors_are_one_family_with_codes(store):
     error(lambda: component.asset("nope"), cozytensors.NotFoundError, "not_found", "nope")
     for device in ["tpu", "cuda:x", "cuda:-1", -1, 1.5]:
         error(lambda: component.tensors.read("t.float32", device=device), cozytensors.InvalidError, "invalid")
+    for keys in [5, {"t.float32"}, b"t.float32"]:
+        with pytest.raises(TypeError, match="a list or tuple of keys"):
+            component.tensors.read(keys)
     ckpt.close()
     error(lambda: component.tensors.read("t.float32"), cozytensors.InvalidError, "invalid", "closed")
+    error(lambda: ckpt.__enter__(), cozytensors.InvalidError, "invalid", "closed")
 
 
 def test_a_damaged_blob_is_an_integrity_error_never_wrong_values(store, tmp_path):
@@ -305,10 +309,12 @@ def test_an_endpoints_checkpoint_fetches_only_what_is_read(store, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
-    # An endpoint that does not answer is a network error, not an absent model.
+    # An endpoint that does not answer is a network error, not an absent model, and the
+    # store the open made is not left behind.
     with pytest.raises(cozytensors.NetworkError) as caught:
         cozytensors.open("acme/minilm", endpoint=url, store=tmp_path / "other")
     assert caught.value.code == "network" and url in caught.value.detail
+    assert not (tmp_path / "other").exists()
 
 
 def test_without_store_it_opens_the_commands_store(store, monkeypatch):
