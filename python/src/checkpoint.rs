@@ -131,21 +131,10 @@ pub fn open_checkpoint(
             (opened, target, commit, source)
         }
         Some(endpoint) => {
-            // A store this open makes goes again when the open fails: nothing is left behind.
-            let made = !store.exists();
             let opened = Store::open(&store).map_err(|e| store_failure(&e))?;
-            let remote = crate::detached(py, || {
+            let (target, commit, source) = crate::detached(py, || {
                 open_remote(&opened, endpoint, token, &reference, lane)
-            });
-            let (target, commit, source) = match remote {
-                Ok(remote) => remote,
-                Err(e) => {
-                    if made {
-                        let _ = std::fs::remove_dir_all(&store);
-                    }
-                    return Err(e);
-                }
-            };
+            })?;
             (opened, target, commit, source)
         }
     };
