@@ -425,13 +425,11 @@ class safe_open:
 
     def _read_through_mount(self, name: str):
         """Reads the bytes of tensor `name` through the mount once, before safetensors' own
-        mapping of the file is handed them: a blob the daemon finds damaged fails a read with
-        EIO, which is this `OSError` naming the file and tensor, where a fault on the mapping
-        would kill the process with SIGBUS. The pages read stay cached for the mapping (the
-        mount keeps a file's page cache); only pages the kernel drops meanwhile are read
-        again. safetensors' pread backend reads with errors of its own: nothing to do."""
-        if self._backend != "mmap":
-            return
+        reading of the file is handed them: a blob the daemon finds damaged fails a read with
+        EIO, which is this `OSError` naming the file and tensor, where a fault on safetensors'
+        mapping would kill the process with SIGBUS (and its pread backend would say only
+        "Input/output error"). The pages read stay cached for safetensors (the mount keeps a
+        file's page cache); only pages the kernel drops meanwhile are read again."""
         _, _, begin, end = self._tensors[name]
         with self._maps_lock:
             fd = self._open_fd()

@@ -301,17 +301,18 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
                     assert f"tensor {name!r}" in str(raised.value)
         # What safetensors reads for us (a NumPy slice) is read through the mount first: an
         # error, where a fault on safetensors' mapping of the file would kill the process.
-        probe = f"""
+        for backend in ["mmap", "pread"]:
+            probe = f"""
 import cozytensors
-with cozytensors.safe_open({str(file)!r}, framework="numpy") as f:
+with cozytensors.safe_open({str(file)!r}, framework="numpy", backend={backend!r}) as f:
     try:
         f.get_slice("z")[0:4]
     except OSError as e:
         print("errno", e.errno, e)
 """
-        run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
-        assert f"errno {errno.EIO}" in run.stdout and "tensor 'z'" in run.stdout, run.stdout
+            run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, f"{backend}: exit {run.returncode}: {run.stderr[-2000:]}"
+            assert f"errno {errno.EIO}" in run.stdout and "tensor 'z'" in run.stdout, (backend, run.stdout)
         # The header's chunk: the mount proves it before it serves the header, and refuses
         # it; so do we, where safetensors' own mapping of the file would die of SIGBUS.
         flip(first, 0)
