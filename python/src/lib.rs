@@ -395,13 +395,11 @@ fn map_extents(
     let Some(span) = (lead + length).checked_next_multiple_of(page) else {
         return Ok(None);
     };
-    let files = extents
-        .iter()
-        .map(|(sha256, blob_length, _, _, stamp)| {
-            proven_blob(py, &store, &object(sha256, *blob_length)?, what, *stamp)
-        })
-        .collect::<PyResult<Vec<File>>>()?;
+    // Each blob is proven and mapped in turn, its descriptor closed before the next opens:
+    // a tensor of a thousand chunks keeps no thousand descriptors at once.
     let map_at = |address: usize, k: usize| {
+        let (sha256, blob_length, offset, _, stamp) = &extents[k];
+        let file = proven_blob(py, &store, &object(sha256, *blob_length)?, what, *stamp)?;
         let skip = if k == 0 { lead } else { 0 };
         let bytes = (skip + lengths[k]).next_multiple_of(page);
         let fixed = if address == 0 { 0 } else { libc::MAP_FIXED };
@@ -416,20 +414,17 @@ fn map_extents(
                 bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | fixed,
-                std::os::fd::AsRawFd::as_raw_fd(&files[k]),
-                (extents[k].2 - skip as u64) as libc::off_t,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                (offset - skip as u64) as libc::off_t,
             )
         };
         if mapped == libc::MAP_FAILED {
             let e = io::Error::last_os_error();
-            return Err(io_error(
-                &format!("{what}: mapping blob {}", extents[k].0),
-                &e,
-            ));
+            return Err(io_error(&format!("{what}: mapping blob {sha256}"), &e));
         }
         Ok(mapped as usize)
     };
-    if files.len() == 1 {
+    if extents.len() == 1 {
         let base = map_at(0, 0)?;
         return Ok(Some(BlobMap {
             base,
@@ -454,7 +449,8 @@ fn map_extents(
         let e = io::Error::last_os_error();
         return Err(io_error(&format!("{what}: mapping {length} bytes"), &e));
     }
-    // Owns the reservation from here: an error below unmaps all of it.
+    // Owns the reservation from here: an error below (a blob refused, a mapping failed)
+    // unmaps all of it.
     let map = BlobMap {
         base: base as usize,
         span,

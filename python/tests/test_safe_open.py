@@ -299,6 +299,8 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
                         ours.get_tensor(name)
                     assert raised.value.errno == errno.EIO
                     assert f"tensor {name!r}" in str(raised.value)
+        # `w`'s first chunk, mapped before its second was refused, was unmapped with it.
+        assert _blob_mappings(store) == 0
         # What safetensors reads for us (a NumPy slice) is read through the mount first: an
         # error, where a fault on safetensors' mapping of the file would kill the process.
         for backend in ["mmap", "pread"]:
