@@ -202,21 +202,15 @@ class Tensors(Mapping):
     def __len__(self) -> int:
         return len(self._tensors)
 
-    # One key gives its tensor, several or none a dict; `decode=True` gives arrays only.
+    # One key gives its tensor (an array with `decode=True`), several or none a dict. (A dict
+    # of arrays for `decode=True` would overlap the last signature unsafely: dict values are
+    # invariant.)
     @overload
     def read(self, keys: str, *, device: Union[str, int, Any, None] = ..., decode: Literal[True]) -> Array: ...
     @overload
     def read(
         self, keys: str, *, device: Union[str, int, Any, None] = ..., decode: bool = ...
     ) -> Union[Array, Encoded]: ...
-    @overload
-    def read(
-        self,
-        keys: Union[List[str], Tuple[str, ...], None] = ...,
-        *,
-        device: Union[str, int, Any, None] = ...,
-        decode: Literal[True],
-    ) -> Dict[str, Array]: ...
     @overload
     def read(
         self,
@@ -232,7 +226,7 @@ class Tensors(Mapping):
         *,
         device: Union[str, int, Any, None] = "cpu",
         decode: bool = False,
-    ) -> Union[Array, Encoded, Dict[str, Array], Dict[str, Union[Array, Encoded]]]:
+    ) -> Union[Array, Encoded, Dict[str, Union[Array, Encoded]]]:
         """Reads one tensor (`keys` a key: its array), several (a list or tuple: a dict in
         that order) or all (`None`: a dict in construction order). A plain tensor is an
         `Array` of its bytes; an encoded one is an `Encoded` (its parts as stored) unless
