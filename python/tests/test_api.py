@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -313,6 +314,43 @@ def test_an_endpoints_checkpoint_fetches_only_what_is_read(store, tmp_path):
     with pytest.raises(cozytensors.NetworkError) as caught:
         cozytensors.open("acme/minilm", endpoint=url, store=tmp_path / "other")
     assert caught.value.code == "network" and url in caught.value.detail
+
+
+def test_the_type_stubs_type_a_users_code(tmp_path):
+    """mypy --strict takes a user's plain use of the API (a read's type follows its
+    arguments, safe_open and load_file as safetensors types them) and refuses a wrong one."""
+    good = tmp_path / "good.py"
+    good.write_text(
+        "import cozytensors\n"
+        "import cozytensors.numpy\n"
+        "ckpt = cozytensors.open('org/x')\n"
+        "tensors = ckpt.components['unet'].tensors\n"
+        "one = tensors.read('k')\n"
+        "decoded = tensors.read('k', decode=True)\n"
+        "print(one.shape, decoded.shape, decoded.dtype, tensors['k'].dtype)\n"
+        "for key, value in tensors.read(['a', 'b']).items():\n"
+        "    print(key, value.shape)\n"
+        "print(len(tensors.read()), cozytensors.numpy.load_file('x')['a'].shape)\n"
+        "with cozytensors.safe_open('x', framework='pt') as f:\n"
+        "    print(f.keys(), f.get_tensor('a'))\n"
+    )
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import cozytensors\n"
+        "tensors = cozytensors.open('org/x').components['unet'].tensors\n"
+        "print(tensors.read('k').items())\n"
+    )
+
+    def mypy(path):
+        return subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), str(path)],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        )
+
+    checked = mypy(good)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    refused = mypy(bad)
+    assert refused.returncode == 1 and 'has no attribute "items"' in refused.stdout, refused.stdout + refused.stderr
 
 
 def test_without_store_it_opens_the_commands_store(store, monkeypatch):
