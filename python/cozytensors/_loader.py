@@ -33,7 +33,7 @@ import errno
 import os
 import threading
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import safetensors
 from safetensors import SafetensorError
@@ -132,14 +132,14 @@ class safe_open:
         self._framework = framework
         self._device = device
         self._backend = backend
-        self._inner = None
+        self._inner: Any = None
         self._fast = False
-        self._fd = None
+        self._fd: Optional[int] = None
         # ABI 2: (begin, end) in the file → the extents of the part there, and the ranges
         # of decoded tensors; None with an ABI 1 daemon (a query per tensor).
-        self._parts = None
-        self._decoded = frozenset()
-        self._store = None
+        self._parts: Optional[Dict[Tuple[int, int], Tuple[Any, ...]]] = None
+        self._decoded: FrozenSet[Tuple[int, int]] = frozenset()
+        self._store: Optional[str] = None
         # The mmap backend's copy-on-write mapping of each blob (a buffer over it), shared by
         # the tensors this handle builds from it (as safetensors maps its file once): a model
         # has thousands of tensors but few blobs; and of each tensor that spans chunks, its
@@ -155,7 +155,7 @@ class safe_open:
         self._used: Dict[str, set] = {}
         # What keeps the file open for slices after close ([`_Hold`]): held by the slices
         # alone, and found through this weak reference while one lives.
-        self._hold_ref = None
+        self._hold_ref: Optional["weakref.ReferenceType[_Hold]"] = None
         if not isinstance(backend, str):
             raise TypeError(f"argument 'backend': {_not_str(backend)}")
         if backend not in ("mmap", "pread"):
@@ -207,40 +207,41 @@ class safe_open:
         try:
             # One descriptor for every query: each open of a mounted file is a request to
             # the daemon, which keeps the file's blobs while it is open.
-            self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, ValueError):
             # Not a file this process may open (absent, a loop, a NUL in the name…):
             # safetensors says so, with its own error.
             return False
         fast = False
         try:
-            fast = _native.is_fuse(self._fd) and self._take_header() and self._locate_all()
+            fast = _native.is_fuse(fd) and self._take_header(fd) and self._locate_all(fd)
         finally:
             if not fast:
                 self._close()
         return fast
 
-    def _take_header(self) -> bool:
-        """Reads the header: False when it is malformed or holds no tensor."""
+    def _take_header(self, fd: int) -> bool:
+        """Reads the header through `fd`: False when it is malformed or holds no tensor."""
         # No readahead: the tensors' bytes are read from the blobs, not here.
-        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
-        parsed = _native.header(self._fd, self._path)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        parsed = _native.header(fd, self._path)
         if parsed is None:
             return False
         self._tensors, self._metadata = parsed
         return bool(self._tensors)
 
-    def _locate_all(self) -> bool:
-        """Asks the daemon where every tensor lies (ABI 2), or, from a daemon that speaks
-        only ABI 1, where one does; False when the file is not ours or the store cannot be
-        read by this process."""
+    def _locate_all(self, fd: int) -> bool:
+        """Asks the daemon, through `fd`, where every tensor lies (ABI 2), or, from a daemon
+        that speaks only ABI 1, where one does; False when the file is not ours or the store
+        cannot be read by this process."""
+        store: Optional[str]
         try:
-            index = _native.index(self._fd, self._path, self._tensors)
+            index = _native.index(fd, self._path, self._tensors)
             if index is not None:
                 self._store, self._parts, self._decoded = index
                 store = self._store
             else:
-                located = _native.locate(self._fd, self._path, next(iter(self._tensors)))
+                located = _native.locate(fd, self._path, next(iter(self._tensors)))
                 if located is None:
                     return False
                 store = located["store"]
@@ -352,6 +353,8 @@ class safe_open:
         with self._maps_lock:
             hold = self._live_hold()
             if hold is None:
+                if self._fd is None:  # closed by another thread since `_entry`
+                    raise SafetensorError("File is closed")
                 hold = _Hold(self._fd)
                 self._hold_ref = weakref.ref(hold)
         return _Slice(self, name, entry, hold)
@@ -522,9 +525,9 @@ class safe_open:
                     # Cached, its pages are mapped at once; cold, asked of the disk at once.
                     _native.will_need(mapping._blob.address + offset, end - begin)
                 return mapping, offset
-        pieces = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
-        read = lambda: _native.read(store, pieces, end - begin, what)  # noqa: E731
-        return self._reading(store, [p[0] for p in pieces], read), 0
+        ranges = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
+        read = lambda: _native.read(store, ranges, end - begin, what)  # noqa: E731
+        return self._reading(store, [r[0] for r in ranges], read), 0
 
     def _mapping(self, store: str, key: str, pieces, what: str):
         """The handle's mapping `key` of the blob ranges `pieces` (`_native.map_extents`),
@@ -563,7 +566,10 @@ class safe_open:
         """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor
         through the handle's descriptor, or after close through its slices' ([`_Hold`]): only
         a slice reads after close."""
-        located = _native.locate(self._open_fd(), self._path, name)
+        fd = self._open_fd()
+        if fd is None:
+            raise SafetensorError("File is closed")
+        located = _native.locate(fd, self._path, name)
         if located is None:
             raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
         # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.

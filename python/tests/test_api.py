@@ -318,7 +318,8 @@ def test_an_endpoints_checkpoint_fetches_only_what_is_read(store, tmp_path):
 
 def test_the_type_stubs_type_a_users_code(tmp_path):
     """mypy --strict takes a user's plain use of the API (a read's type follows its
-    arguments, safe_open and load_file as safetensors types them) and refuses a wrong one."""
+    arguments, safe_open and load_file as safetensors types them) and refuses a wrong one;
+    the package itself checks clean against its stubs."""
     good = tmp_path / "good.py"
     good.write_text(
         "import cozytensors\n"
@@ -349,6 +350,11 @@ def test_the_type_stubs_type_a_users_code(tmp_path):
 
     checked = mypy(good)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    package = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), "-p", "cozytensors"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert package.returncode == 0, package.stdout + package.stderr
     refused = mypy(bad)
     assert refused.returncode == 1 and 'has no attribute "items"' in refused.stdout, refused.stdout + refused.stderr
 
