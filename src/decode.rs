@@ -382,15 +382,16 @@ pub fn decode(tensor: &Encoded<'_>, out: &mut [u8]) -> DecodeResult<()> {
         return Ok(());
     }
     let rows_per_task = (PARALLEL_BYTES / row_bytes).max(1);
+    let task = |(i, chunk): (usize, &mut [u8])| decoder.rows((i * rows_per_task) as u64, chunk);
     if !crate::sync::pool_usable() {
         return out
             .chunks_mut(rows_per_task * row_bytes)
             .enumerate()
-            .try_for_each(|(i, chunk)| decoder.rows((i * rows_per_task) as u64, chunk));
+            .try_for_each(task);
     }
     out.par_chunks_mut(rows_per_task * row_bytes)
         .enumerate()
-        .try_for_each(|(i, chunk)| decoder.rows((i * rows_per_task) as u64, chunk))
+        .try_for_each(task)
 }
 
 /// Reads params, refusing unknown ones.

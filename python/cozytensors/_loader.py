@@ -175,9 +175,7 @@ class safe_open:
         a new import). The copy is taken under the lock `_close` takes: a descriptor closed
         meanwhile could be another file's by the time safetensors opened its number. A mounted
         file's handle with neither descriptor is closed."""
-        with self._maps_lock:
-            fd = self._open_fd()
-            copy = os.dup(fd) if fd is not None else None
+        copy = self._copy_fd()
         if copy is None and self._fast:
             raise SafetensorError("File is closed")
         try:
@@ -188,6 +186,18 @@ class safe_open:
         finally:
             if copy is not None:
                 os.close(copy)
+
+    def _what(self, name: str) -> str:
+        """How errors name tensor `name`: the file and the tensor."""
+        return f"{self._path}: tensor {name!r}"
+
+    def _copy_fd(self) -> Optional[int]:
+        """A copy (`os.dup`) of `_open_fd()`, the caller's to close; None when the handle has
+        neither descriptor. Taken under the lock `_close` takes: a number read without it may
+        be closed meanwhile and be another file's by the time it is used."""
+        with self._maps_lock:
+            fd = self._open_fd()
+            return os.dup(fd) if fd is not None else None
 
     def _fd_path(self, fd: Optional[int]) -> str:
         """A path that opens the file `fd` is open on (`/proc/self/fd/N`), or this handle's
@@ -434,9 +444,7 @@ class safe_open:
         "Input/output error"). The pages read stay cached for safetensors (the mount keeps a
         file's page cache); only pages the kernel drops meanwhile are read again."""
         _, _, begin, end = self._tensors[name]
-        with self._maps_lock:
-            fd = self._open_fd()
-            copy = os.dup(fd) if fd is not None else None
+        copy = self._copy_fd()
         if copy is None:
             return  # a closed handle: safetensors says so
         buffer = bytearray(min(end - begin, 1 << 20))
@@ -450,7 +458,7 @@ class safe_open:
                 at += n
         except OSError as e:
             why = e.strerror or os.strerror(e.errno or errno.EIO)
-            raise OSError(e.errno or errno.EIO, f"{self._path}: tensor {name!r}: reading it through the mount: {why}") from None
+            raise OSError(e.errno or errno.EIO, f"{self._what(name)}: reading it through the mount: {why}") from None
         finally:
             os.close(copy)
 
@@ -471,11 +479,11 @@ class safe_open:
         if self._parts is not None:
             extents, store = self._parts.get((begin, end)), self._store
         else:
-            extents, store = self._locate(name, begin, end, f"{self._path}: tensor {name!r}")
+            extents, store = self._locate(name, begin, end)
         if extents is None:
             raise OSError(
                 errno.EIO,
-                f"{self._path}: tensor {name!r}: the daemon locates no part at bytes {begin}..{end}",
+                f"{self._what(name)}: the daemon locates no part at bytes {begin}..{end}",
             )
         return extents, store
 
@@ -508,7 +516,6 @@ class safe_open:
         """A writable buffer holding the file's bytes [begin, end) and the offset of the first
         in it; `whole` as for `_tensor`."""
         extents, store = self._extents(name, begin, end)
-        what = f"{self._path}: tensor {name!r}"
         if self._backend == "mmap":
             if len(extents) == 1:
                 # The whole blob, shared by the tensors packed in it.
@@ -519,17 +526,17 @@ class safe_open:
                 offset = 0
                 pieces = [(sha, bl, off, length, stamp) for sha, bl, off, length, _, stamp in extents]
                 key = "+".join(f"{p[0]}@{p[2]}" for p in pieces)
-            mapping = self._mapping(store, key, pieces, what)
+            mapping = self._mapping(store, key, pieces, name)
             if mapping is not None:
                 if whole:
                     # Cached, its pages are mapped at once; cold, asked of the disk at once.
                     _native.will_need(mapping._blob.address + offset, end - begin)
                 return mapping, offset
         ranges = [(sha, blob_length, offset, length) for sha, blob_length, offset, length, _, _ in extents]
-        read = lambda: _native.read(store, ranges, end - begin, what)  # noqa: E731
+        read = lambda: _native.read(store, ranges, end - begin, self._what(name))  # noqa: E731
         return self._reading(store, [r[0] for r in ranges], read), 0
 
-    def _mapping(self, store: str, key: str, pieces, what: str):
+    def _mapping(self, store: str, key: str, pieces, name: str):
         """The handle's mapping `key` of the blob ranges `pieces` (`_native.map_extents`),
         made on first use; None when they cannot be stitched into one range."""
         with self._maps_lock:
@@ -538,7 +545,7 @@ class safe_open:
             return mapping
         # Mapped without the lock, which a native call must not hold (the fork gate;
         # `_reading` takes it); a thread that mapped it meanwhile wins.
-        made = self._map(store, pieces, what)
+        made = self._map(store, pieces, name)
         if made is None:
             return None
         with self._maps_lock:
@@ -549,29 +556,32 @@ class safe_open:
                     self._held[key] = mapping
         return mapping
 
-    def _map(self, store: str, pieces, what: str):
+    def _map(self, store: str, pieces, name: str):
         """A writable buffer over a copy-on-write mapping of the blob ranges `pieces`, end to
         end, their blobs' bytes proven; None when they cannot be stitched. The mapping keeps
         no descriptor; it goes with the last buffer over it."""
         # Without the daemon's stamp, or with one the blob no longer has, the native reader
         # proves the blob.
-        blob = self._reading(store, [p[0] for p in pieces], lambda: _native.map_extents(store, pieces, what))
+        blob = self._reading(store, [p[0] for p in pieces], lambda: _native.map_extents(store, pieces, self._what(name)))
         if blob is None:
             return None
         view = (ctypes.c_char * blob.length).from_address(blob.address)
         view._blob = blob
         return view
 
-    def _locate(self, name: str, begin: int, end: int, what: str):
+    def _locate(self, name: str, begin: int, end: int):
         """ABI 1: the extents of the part at [begin, end) and the store, asked for this tensor
-        through the handle's descriptor, or after close through its slices' ([`_Hold`]): only
-        a slice reads after close."""
-        fd = self._open_fd()
+        through a copy of the handle's descriptor, or after close of its slices' ([`_Hold`]):
+        only a slice reads after close."""
+        fd = self._copy_fd()
         if fd is None:
             raise SafetensorError("File is closed")
-        located = _native.locate(fd, self._path, name)
+        try:
+            located = _native.locate(fd, self._path, name)
+        finally:
+            os.close(fd)
         if located is None:
-            raise OSError(errno.ENOTTY, f"{what}: no longer on a TensorFS mount")
+            raise OSError(errno.ENOTTY, f"{self._what(name)}: no longer on a TensorFS mount")
         # The part whose bytes these are: the tensor itself, or one part of an encoded tensor.
         part = next((p for p in located["parts"] if (p["begin"], p["end"]) == (begin, end)), None)
         if part is None:

@@ -381,8 +381,7 @@ fn map_extents(
             }
         }
     }
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let page = tensorfs::extents::stage::page_size();
     let Some(first) = extents.first() else {
         return Ok(None);
     };
@@ -521,8 +520,7 @@ fn proven_blob(
 /// tables are made, as its faults would read them.
 #[pyfunction]
 fn will_need(address: usize, length: usize) {
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let page = tensorfs::extents::stage::page_size();
     let start = address & !(page - 1);
     let span = length.saturating_add(address - start);
     let cached = |at: usize| {
@@ -533,15 +531,10 @@ fn will_need(address: usize, length: usize) {
         (asked == 0).then_some(resident & 1 == 1)
     };
     let last = start.saturating_add(span.saturating_sub(1)) & !(page - 1);
-    let advice = match (cached(start), cached(last)) {
-        (None, _) | (_, None) => return,
-        (Some(true), Some(true)) => libc::MADV_POPULATE_READ,
-        _ => libc::MADV_WILLNEED,
-    };
-    let step = if advice == libc::MADV_WILLNEED {
-        AHEAD_STEP
-    } else {
-        span
+    let (advice, step) = match (cached(start), cached(last)) {
+        (Some(true), Some(true)) => (libc::MADV_POPULATE_READ, span),
+        (Some(_), Some(_)) => (libc::MADV_WILLNEED, AHEAD_STEP),
+        _ => return,
     };
     let end = start.saturating_add(span);
     let mut at = start;

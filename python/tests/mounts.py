@@ -48,3 +48,9 @@ def unmount(mnt):
 def status(mnt):
     """The daemon's status of the mount at `mnt` (`user.tensorfs.status`, docs/xattrs.md)."""
     return json.loads(os.getxattr(mnt, "user.tensorfs.status"))
+
+
+def blob_path(store, sha: str) -> Path:
+    """The file of blob `sha` (SHA-256 hex) in `store`: `blobs/ab/cd/abcd…` (the store's
+    layout, `tensorfs.store/3`)."""
+    return Path(store) / "blobs" / sha[:2] / sha[2:4] / sha

@@ -23,7 +23,7 @@ import cozytensors
 import cozytensors.torch
 from cozytensors import _native
 
-from mounts import prerequisites, status, tensorfs, unmount
+from mounts import blob_path, prerequisites, status, tensorfs, unmount
 from test_safe_open import _locate, _tensors, same
 
 CUDA = torch.cuda.is_available()
@@ -192,7 +192,7 @@ def test_a_damaged_blob_on_the_device_path_is_an_error(tmp_path):
         file = mnt / "local/d/latest/f32/model.safetensors"
         sha, _, offset, _, _ = _locate(file, "z")["parts"][0]["extents"][-1]
         assert sha != _locate(file, "a")["parts"][0]["extents"][0][0], "z ends in a chunk of its own"
-        blob = store / "blobs" / sha[:2] / sha[2:4] / sha
+        blob = blob_path(store, sha)
         mode = blob.stat().st_mode
         blob.chmod(mode | stat.S_IWUSR)
         with open(blob, "r+b") as f:

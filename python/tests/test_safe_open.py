@@ -5,6 +5,7 @@ blob is an error, never wrong values.
 Needs the `tensorfs` binary and /dev/fuse (`mounts.py`).
 """
 
+import ctypes
 import errno
 import json
 import os
@@ -25,7 +26,7 @@ import cozytensors.torch
 import safetensors.torch
 from cozytensors import _native
 
-from mounts import prerequisites, status, tensorfs, unmount
+from mounts import blob_path, prerequisites, status, tensorfs, unmount
 
 
 def _tensors():
@@ -276,7 +277,7 @@ def test_a_damaged_blob_is_an_error_never_wrong_values(tmp_path):
         first = _locate(file, "a")["parts"][0]["extents"][0][0]
         assert sha != first, "z lies in another chunk than the header"
         def flip(sha, at):
-            blob = store / "blobs" / sha[:2] / sha[2:4] / sha
+            blob = blob_path(store, sha)
             mode = blob.stat().st_mode
             blob.chmod(mode | stat.S_IWUSR)
             with open(blob, "r+b") as f:
@@ -334,7 +335,7 @@ def test_a_cold_tensor_is_read_ahead_and_the_hint_never_fails(mounted):
     are safetensors'. A hint at an address that is not mapped is no error."""
     file = mounted["file"]
     (sha, length, offset, size, _), = _locate(file, "layer.0.weight")["parts"][0]["extents"]
-    blob = mounted["store"] / "blobs" / sha[:2] / sha[2:4] / sha
+    blob = blob_path(mounted["store"], sha)
     last = offset + size - 1
 
     def cached() -> bool:
@@ -378,7 +379,7 @@ def test_a_cached_tensor_is_mapped_at_once(mounted):
     file = mounted["file"]
     name = "layer.0.weight"
     (sha, _, offset, size, _), = _locate(file, name)["parts"][0]["extents"]
-    with open(mounted["store"] / "blobs" / sha[:2] / sha[2:4] / sha, "rb") as blob:
+    with open(blob_path(mounted["store"], sha), "rb") as blob:
         blob.seek(offset)
         assert len(blob.read(size)) == size  # cached now
     with cozytensors.safe_open(file, framework="pt") as ours, safetensors.safe_open(
@@ -547,7 +548,7 @@ def test_a_slice_reads_only_the_pages_it_selects(mounted):
     selects: the other blob is not read (nor asked of the disk ahead); `[...]` reads it all."""
     (part,) = _locate(mounted["file"], "big")["parts"]
     blobs = [
-        (mounted["store"] / "blobs" / sha[:2] / sha[2:4] / sha, offset, length)
+        (blob_path(mounted["store"], sha), offset, length)
         for sha, _, offset, length, _ in part["extents"]
     ]
 
@@ -656,7 +657,7 @@ def test_a_fifo_in_a_blobs_place_is_an_error_not_a_hang(tmp_path):
     source, store, mnt, file = _victim(tmp_path)
     try:
         (sha, *_), = _locate(file, "a.weight")["parts"][0]["extents"]
-        blob = store / "blobs" / sha[:2] / sha[2:4] / sha
+        blob = blob_path(store, sha)
         probe = f"""
 import os, cozytensors
 with cozytensors.safe_open({str(file)!r}, framework="pt") as f:
@@ -934,10 +935,39 @@ def test_an_empty_blob_is_never_mapped(tmp_path):
     save_file({"x": torch.ones(4)}, str(tmp_path / "x.safetensors"))
     tensorfs(store, "import", tmp_path / "x.safetensors", "--name", "local/x")
     sha = hashlib.sha256(b"").hexdigest()
-    blob = store / "blobs" / sha[:2] / sha[2:4] / sha
+    blob = blob_path(store, sha)
     blob.parent.mkdir(parents=True, exist_ok=True)
     blob.write_bytes(b"")
     with pytest.raises(OSError) as raised:
         _native.map_extents(str(store), [(sha, 0, 0, 0, None)], "empty.safetensors: tensor 'e'")
     assert raised.value.errno == errno.EINVAL
     assert sha in str(raised.value) and "cannot be mapped" in str(raised.value)
+
+
+def test_ranges_past_their_blob_are_refused_and_unstitchable_ones_left_to_reading(tmp_path):
+    """`map_extents` refuses a range past its blob's end (EINVAL naming the blob: a mapping
+    there would fault), and gives None for ranges that do not meet on page boundaries, which
+    the loader then reads; ranges that do meet map end to end, as the file lays them."""
+    import hashlib
+
+    prerequisites()
+    store = tmp_path / "store"
+    save_file({"x": torch.ones(4)}, str(tmp_path / "x.safetensors"))
+    tensorfs(store, "import", tmp_path / "x.safetensors", "--name", "local/x")
+    data = bytes(range(256)) * 64  # 16 KiB: four pages
+    sha = hashlib.sha256(data).hexdigest()
+    blob = blob_path(store, sha)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    what = "x.safetensors: tensor 'x'"
+    with pytest.raises(OSError) as raised:
+        _native.map_extents(str(store), [(sha, len(data), len(data) - 8, 16, None)], what)
+    assert raised.value.errno == errno.EINVAL and sha in str(raised.value)
+    # A first range ending inside a page: the next cannot follow it in memory.
+    assert _native.map_extents(str(store), [(sha, len(data), 0, 100, None), (sha, len(data), 0, 8, None)], what) is None
+    # Page-aligned ranges stitch: the blob's last page, then its first.
+    stitched = _native.map_extents(
+        str(store), [(sha, len(data), 12288, 4096, None), (sha, len(data), 0, 4096, None)], what
+    )
+    assert stitched is not None and stitched.length == 8192
+    assert ctypes.string_at(stitched.address, 8192) == data[12288:] + data[:4096]

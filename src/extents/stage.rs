@@ -671,7 +671,9 @@ fn ring_error(what: &'static str, source: io::Error) -> StageError {
     StageError::Ring { what, source }
 }
 
-fn page_size() -> usize {
+/// The system's page size in bytes (`sysconf(_SC_PAGESIZE)`; 4096 where it cannot say): the
+/// unit of mappings, `madvise` and `mincore`.
+pub fn page_size() -> usize {
     // SAFETY: sysconf reads a constant of the system.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
