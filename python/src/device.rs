@@ -120,14 +120,14 @@ type BlobExtent = (String, u64, u64, u64, Option<[i64; 5]>);
 /// `extents` (each `(blob sha256 hex, blob length, offset in it, length, stamp or None)`, in
 /// order) of the store at `store`, into `length` bytes at device address `address` of device
 /// `ordinal`, after the work queued on `stream` (a `CUstream`, 0 for the legacy default
-/// stream). Each blob is proven first, as `map_blob` proves it. `file` and `tensor` name it
+/// stream). Each blob is proven first, as `map_extents` proves it. `file` and `tensor` name it
 /// in errors. Returns once the bytes are on the device.
 ///
 /// The caller (cozytensors' `safe_open`) passes a torch tensor's storage, allocated on the
 /// current stream of that device, which it holds until this returns.
 ///
 /// # Errors
-/// `OSError` as `map_blob` (a blob unreadable or damaged), or with the blob's errno when a
+/// `OSError` as `map_extents` (a blob unreadable or damaged), or with the blob's errno when a
 /// read fails; `RuntimeError` for CUDA's failures (CUDA not available, a copy failing);
 /// `OSError` `EINVAL` when the extents do not add up to `length`.
 #[pyfunction]
